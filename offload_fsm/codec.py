@@ -1,0 +1,155 @@
+"""Wire codec for events, decisions and commands, and the state digest.
+
+A message encodes as a msgpack array ``[TAG, field1, field2, ...]`` in attrs
+field order: no field names on the wire, which keeps a typical event to a
+few dozen bytes. Tuples travel as arrays and decode back to tuples
+(``use_list=False``); enums travel as their string values. Tags are unique
+across events (1-99), decisions (100-199) and commands (200-299) and are
+never renumbered; a changed field list needs a new schema version and an
+upcaster in the log layer.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Any
+
+import attrs
+import msgpack
+
+from offload_fsm.commands import COMMAND_TYPES, Command
+from offload_fsm.decisions import DECISION_TYPES, Decision
+from offload_fsm.errors import LogCorrupt, UnknownTag
+from offload_fsm.events import EVENT_TYPES, Event
+from offload_fsm.state import State
+
+Message = Event | Decision | Command
+
+_TYPES: dict[int, type[Any]] = {}
+for _cls in (*EVENT_TYPES, *DECISION_TYPES, *COMMAND_TYPES):
+    assert _cls.TAG not in _TYPES, f"duplicate wire tag {_cls.TAG}"
+    _TYPES[_cls.TAG] = _cls
+
+def _enum_fields(cls: type[Any]) -> tuple[tuple[int, type[enum.Enum]], ...]:
+    # Field types are strings under ``from __future__ import annotations``.
+    fields = attrs.fields(attrs.resolve_types(cls))
+    return tuple(
+        (index, field.type)
+        for index, field in enumerate(fields)
+        if isinstance(field.type, type) and issubclass(field.type, enum.Enum)
+    )
+
+
+_ENUM_FIELDS = {tag: _enum_fields(cls) for tag, cls in _TYPES.items()}
+_FIELD_NAMES: dict[int, tuple[str, ...]] = {
+    tag: tuple(f.name for f in attrs.fields(cls)) for tag, cls in _TYPES.items()
+}
+
+
+def to_wire(message: Message) -> tuple[Any, ...]:
+    """``(TAG, *fields)`` with enums as their values."""
+    values = attrs.astuple(message, recurse=False)
+    enums = _ENUM_FIELDS[message.TAG]
+    if enums:
+        listed = list(values)
+        for index, _ in enums:
+            listed[index] = listed[index].value
+        values = tuple(listed)
+    return (message.TAG, *values)
+
+
+def from_wire(item: tuple[Any, ...] | list[Any]) -> Message:
+    """Inverse of :func:`to_wire`; raises :class:`UnknownTag` or
+    :class:`LogCorrupt` on bad input."""
+    if not item:
+        raise LogCorrupt("empty message")
+    tag = item[0]
+    cls = _TYPES.get(tag)
+    if cls is None:
+        raise UnknownTag(tag)
+    values = list(item[1:])
+    names = _FIELD_NAMES[tag]
+    if len(values) != len(names):
+        raise LogCorrupt(
+            f"tag {tag} ({cls.__name__}) has {len(values)} fields, expected {len(names)}"
+        )
+    for index, enum_type in _ENUM_FIELDS[tag]:
+        try:
+            values[index] = enum_type(values[index])
+        except ValueError:
+            raise LogCorrupt(f"tag {tag}: bad {names[index]} value {values[index]!r}") from None
+    try:
+        return cls(**dict(zip(names, values, strict=True)))  # type: ignore[no-any-return]
+    except TypeError as error:
+        raise LogCorrupt(f"tag {tag}: {error}") from None
+
+
+def packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpackb(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def encode(message: Message) -> bytes:
+    return packb(to_wire(message))
+
+
+def decode(data: bytes) -> Message:
+    try:
+        item = unpackb(data)
+    except Exception as error:  # msgpack raises several unrelated types
+        raise LogCorrupt(f"undecodable msgpack: {error}") from None
+    if not isinstance(item, tuple):
+        raise LogCorrupt(f"expected an array, got {type(item).__name__}")
+    return from_wire(item)
+
+
+def canonical_state(state: State) -> tuple[Any, ...]:
+    """Everything that can influence a later decision, in a canonical order."""
+    requests = tuple(
+        (
+            rec.req_id,
+            rec.phase.value,
+            rec.broken,
+            rec.next_start_token,
+            rec.order,
+            rec.batch.batch_id if rec.batch is not None else None,
+            tuple(
+                (op.op_id, op.start_token, op.end_token, op.block_ids, op.block_hashes,
+                 op.time_s, op.pinned)
+                for op in rec.ops
+            ),
+        )
+        for rec in state.requests.values()
+    )
+    batches = tuple(
+        (b.batch_id, b.req.req_id, b.status.value, b.receipts, b.failed, b.orphaned,
+         tuple(op.op_id for op in b.ops))
+        for b in state.batches.values()
+    )
+    return (
+        state.step_index,
+        state.ema_blocks,
+        state.depth_blocks,
+        state.time_s,
+        state.next_op_id,
+        state.next_batch_id,
+        state.next_order,
+        tuple(state.counters.values()),
+        requests,
+        tuple(state.pending),
+        tuple(state.ready),
+        tuple(state.shielded),
+        batches,
+        tuple(sorted(state.pins.items())),
+        state.poisoned,
+    )
+
+
+def state_digest(state: State) -> str:
+    """A 16-hex-digit fingerprint of :func:`canonical_state`."""
+    return hashlib.blake2b(packb(canonical_state(state)), digest_size=8).hexdigest()
+

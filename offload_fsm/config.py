@@ -1,0 +1,192 @@
+"""Lazy-offload configuration: one frozen object parsed from vLLM's
+``kv_connector_extra_config``.
+
+Keys (spec ``lazy-offload.md`` plus LMCache's EVICTION_AWARE knobs):
+
+=============================================  ================  ===========================
+key                                            default           allowed
+=============================================  ================  ===========================
+``lmcache.mp.lazy_offload``                    ``false``         JSON boolean
+``lmcache.mp.lazy_offload_policy``             ``EVICTION_AWARE`` ``EVICTION_AWARE``, ``FIFO``
+``lmcache.mp.lazy_offload_threshold``          ``100``           integer >= 1 (FIFO)
+``lmcache.mp.lazy_offload_select_count``       ``10``            integer >= 1 (FIFO)
+``lmcache.mp.lazy_offload_horizon_steps``      ``2.5``           finite number > 0 (EA)
+``lmcache.mp.lazy_offload_max_drain_per_step`` ``64``            integer >= 1 (EA)
+``lmcache.mp.lazy_offload_max_deferral_seconds`` ``0``           finite number >= 0 (EA)
+``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
+=============================================  ================  ===========================
+
+Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
+or raises :class:`ConfigError` naming the key, the value and what is allowed.
+Nothing is coerced silently: a boolean given as the string ``"true"`` is an
+error, a count of ``8.9`` is an error (upstream truncates it), NaN and
+infinities are errors, and an unknown ``lmcache.mp.lazy_offload_*`` key is an
+error that suggests the closest valid key (upstream ignores typos, so a
+misspelt ``max_drain_per_step`` silently kept 64). Integral strings such as
+``"8"`` and numeric strings such as ``"1.5"`` are accepted for numeric knobs,
+because JSON configs written by shell scripts carry them (upstream accepts them
+too). Policy names are matched case-insensitively.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import math
+from collections.abc import Mapping
+
+import attrs
+
+PREFIX = "lmcache.mp.lazy_offload"
+
+
+class Policy(enum.Enum):
+    """Drain policy. Values are wire-stable strings."""
+
+    EVICTION_AWARE = "EVICTION_AWARE"
+    FIFO = "FIFO"
+
+
+class ConfigError(ValueError):
+    """A lazy-offload key has a value that is not allowed."""
+
+    def __init__(self, key: str, value: object, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{key}={value!r} is invalid: expected {allowed}")
+
+
+@attrs.frozen(kw_only=True)
+class OffloadConfig:
+    """The validated lazy-offload settings. Field names match the key suffixes."""
+
+    enabled: bool = False
+    policy: Policy = Policy.EVICTION_AWARE
+    threshold: int = 100
+    select_count: int = 10
+    horizon_steps: float = 2.5
+    max_drain_per_step: int = 64
+    max_deferral_seconds: float = 0.0
+    log_dir: str | None = None
+
+    def describe(self) -> str:
+        """The knobs that matter for the configured policy, for the start-up log line."""
+        if self.policy is Policy.FIFO:
+            return f"threshold={self.threshold} select_count={self.select_count}"
+        return (
+            f"horizon_steps={self.horizon_steps} max_drain_per_step={self.max_drain_per_step}"
+            f" max_deferral_seconds={self.max_deferral_seconds}"
+        )
+
+    def to_wire(self) -> dict[str, object]:
+        """A plain dict keyed by the full config keys, for log headers."""
+        return {
+            PREFIX: self.enabled,
+            f"{PREFIX}_policy": self.policy.value,
+            f"{PREFIX}_threshold": self.threshold,
+            f"{PREFIX}_select_count": self.select_count,
+            f"{PREFIX}_horizon_steps": self.horizon_steps,
+            f"{PREFIX}_max_drain_per_step": self.max_drain_per_step,
+            f"{PREFIX}_max_deferral_seconds": self.max_deferral_seconds,
+            f"{PREFIX}_log_dir": self.log_dir if self.log_dir is not None else "",
+        }
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(key, value, "a JSON boolean true or false (not a string or number)")
+
+
+def _positive_int(key: str, value: object) -> int:
+    allowed = "an integer >= 1"
+    if isinstance(value, bool):
+        raise ConfigError(key, value, allowed)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        number = int(value)
+    elif isinstance(value, float) and value.is_integer():  # rejects NaN and inf too
+        number = int(value)
+    else:
+        raise ConfigError(key, value, allowed)
+    if number < 1:
+        raise ConfigError(key, value, allowed)
+    return number
+
+
+def _finite_float(key: str, value: object, *, minimum: float, inclusive: bool) -> float:
+    allowed = f"a finite number {'>=' if inclusive else '>'} {minimum:g}"
+    if isinstance(value, bool):
+        raise ConfigError(key, value, allowed)
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(key, value, allowed) from None
+    else:
+        raise ConfigError(key, value, allowed)
+    if not math.isfinite(number):
+        raise ConfigError(key, value, allowed)
+    if number < minimum or (number == minimum and not inclusive):
+        raise ConfigError(key, value, allowed)
+    return number
+
+
+def _policy(key: str, value: object) -> Policy:
+    names = ", ".join(p.value for p in Policy)
+    if isinstance(value, str):
+        for policy in Policy:
+            if value.strip().upper() == policy.value:
+                return policy
+    raise ConfigError(key, value, f"one of {names}")
+
+
+def _log_dir(key: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    raise ConfigError(key, value, 'a directory path string, or "" to turn the event log off')
+
+
+_PARSERS = {
+    PREFIX: ("enabled", _bool),
+    f"{PREFIX}_policy": ("policy", _policy),
+    f"{PREFIX}_threshold": ("threshold", _positive_int),
+    f"{PREFIX}_select_count": ("select_count", _positive_int),
+    f"{PREFIX}_horizon_steps": (
+        "horizon_steps",
+        lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False),
+    ),
+    f"{PREFIX}_max_drain_per_step": ("max_drain_per_step", _positive_int),
+    f"{PREFIX}_max_deferral_seconds": (
+        "max_deferral_seconds",
+        lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True),
+    ),
+    f"{PREFIX}_log_dir": ("log_dir", _log_dir),
+}
+
+KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
+
+
+def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
+    """Parse the lazy-offload keys of ``kv_connector_extra_config``.
+
+    Keys outside the ``lmcache.mp.lazy_offload`` family are ignored (they belong
+    to LMCache's connector). Raises :class:`ConfigError` on the first bad key.
+    """
+    fields: dict[str, object] = {}
+    for key, value in extra_config.items():
+        if not key.startswith(PREFIX):
+            continue
+        if key not in _PARSERS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.0)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(key, value, f"a known key ({', '.join(KNOWN_KEYS)}){hint}")
+        name, parse = _PARSERS[key]
+        fields[name] = parse(key, value)
+    return OffloadConfig(**fields)  # type: ignore[arg-type]

@@ -1,0 +1,186 @@
+"""Decisions: what the machine chose, as data the event log and replay explain.
+
+Every decision is a frozen, keyword-only attrs class with a never-renumbered
+wire tag (decision tags start at 100). Token ranges are ``[start_token,
+end_token)``; ``ops`` counts store operations (chunk-aligned candidates).
+Causes and reasons are enums whose string values are wire-stable.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import attrs
+
+
+class RejectReason(enum.Enum):
+    """Why a candidate never entered the buffer (outside the ledger's ``admitted``)."""
+
+    UNHASHED = "unhashed"  # a covered block has no prefix-cache hash
+    PREFIX_BROKEN = "prefix_broken"  # an earlier range of the request was lost
+
+
+class SelectReason(enum.Enum):
+    """Why a request's front ops were selected for a store."""
+
+    WINDOW = "window"  # a block sits inside the danger window (EVICTION_AWARE)
+    CASCADE = "cascade"  # moved into the window by this step's own pins
+    SHIELDED = "shielded"  # protected at finish to close the blind window
+    OVERDUE = "overdue"  # max_deferral_seconds passed
+    FIFO = "fifo"  # ready count reached the threshold (FIFO)
+
+
+class DropCause(enum.Enum):
+    """Why buffered ops left the buffer without being stored. Each is a ledger term."""
+
+    EVICTED = "evicted"  # a block was reallocated before the drain
+    PREEMPTED = "preempted"
+    ID_REUSE = "id_reuse"
+    STORE_FAILED = "store_failed"  # held back behind a failed store
+    STALE = "stale"  # hash mismatch or missing at verification (skipped)
+    CACHE_RESET = "cache_reset"
+    SHUTDOWN = "shutdown"
+
+
+class HoldReason(enum.Enum):
+    """Why a due request was not selected this step (it stays buffered)."""
+
+    DRAIN_CAP = "drain_cap"  # max_drain_per_step ops already selected
+    PIN_BUDGET = "pin_budget"  # pinning would eat the next step's free blocks
+    IN_FLIGHT = "in_flight"  # its previous store batch has not completed
+
+
+class IgnoreReason(enum.Enum):
+    UNKNOWN_REQUEST = "unknown_request"  # no in-flight batch for that id
+    EXCESS_COUNT = "excess_count"  # more receipts than workers
+
+
+@attrs.frozen(kw_only=True)
+class OpRejected:
+    TAG: ClassVar[int] = 100
+    req_id: str
+    start_token: int
+    end_token: int
+    reason: RejectReason
+
+
+@attrs.frozen(kw_only=True)
+class OpsSelected:
+    """Front ops of a request were taken from the buffer into a verifying batch."""
+
+    TAG: ClassVar[int] = 101
+    req_id: str
+    batch_id: int
+    start_token: int
+    end_token: int
+    ops: int
+    reason: SelectReason
+    rank: int  # lowest free-queue rank among its blocks, -1 if none
+
+
+@attrs.frozen(kw_only=True)
+class OpsDropped:
+    """Buffered (or verifying) ops were dropped; ``block_id`` names the block
+    whose reuse caused it, when one did (-1 otherwise)."""
+
+    TAG: ClassVar[int] = 102
+    req_id: str
+    start_token: int
+    end_token: int
+    ops: int
+    tokens: int
+    cause: DropCause
+    block_id: int
+
+
+@attrs.frozen(kw_only=True)
+class StoreSubmitted:
+    TAG: ClassVar[int] = 103
+    req_id: str
+    batch_id: int
+    start_token: int
+    end_token: int
+    ops: int
+    blocks: int
+
+
+@attrs.frozen(kw_only=True)
+class StoreSettled:
+    """Every worker reported on a batch; ``failed`` if any of them failed."""
+
+    TAG: ClassVar[int] = 104
+    req_id: str
+    batch_id: int
+    ops: int
+    tokens: int
+    failed: bool
+    orphaned: bool
+
+
+@attrs.frozen(kw_only=True)
+class OpsHeld:
+    """A due request stayed buffered this step."""
+
+    TAG: ClassVar[int] = 105
+    req_id: str
+    ops: int
+    reason: HoldReason
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptIgnored:
+    TAG: ClassVar[int] = 106
+    req_id: str
+    count: int
+    failed: bool
+    reason: IgnoreReason
+
+
+@attrs.frozen(kw_only=True)
+class OpsShielded:
+    """At finish, ops whose blocks would land inside the danger window once
+    freed were protected (the blind-window rule)."""
+
+    TAG: ClassVar[int] = 107
+    req_id: str
+    ops: int
+    blocks: int
+    free_blocks: int
+    depth_blocks: int
+
+
+@attrs.frozen(kw_only=True)
+class BatchOrphaned:
+    """Preemption or id reuse detached an in-flight batch from the request's
+    current generation: its receipts still release pins, its failure is not
+    charged to the successor."""
+
+    TAG: ClassVar[int] = 108
+    req_id: str
+    batch_id: int
+
+
+Decision = (
+    OpRejected
+    | OpsSelected
+    | OpsDropped
+    | StoreSubmitted
+    | StoreSettled
+    | OpsHeld
+    | ReceiptIgnored
+    | OpsShielded
+    | BatchOrphaned
+)
+
+DECISION_TYPES: tuple[type[Decision], ...] = (
+    OpRejected,
+    OpsSelected,
+    OpsDropped,
+    StoreSubmitted,
+    StoreSettled,
+    OpsHeld,
+    ReceiptIgnored,
+    OpsShielded,
+    BatchOrphaned,
+)

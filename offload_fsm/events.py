@@ -1,0 +1,172 @@
+"""Input events: facts the connector observed, in the order it observed them.
+
+Every event is a frozen, keyword-only attrs class with a class-level wire tag
+``TAG`` that is never renumbered (append new tags; see ``codec.py``). Block
+hashes are 64-bit fingerprints of vLLM's block hash (``None`` when the block
+carries no prefix-cache hash); times are logical inputs in seconds that the
+connector stamps, never read by the core.
+
+Two kinds of event:
+
+* **Observations** come from vLLM callbacks: :class:`RequestArrived`,
+  :class:`CandidateOffered`, :class:`StepScheduled`, :class:`RequestFinished`,
+  :class:`RequestPreempted`, :class:`ReceiptsArrived`,
+  :class:`PrefixCacheReset`, :class:`ShutdownRequested`.
+* **Answers** report the result of a command the core asked for:
+  :class:`HashesRead` answers ``ReadHashes`` and :class:`FreeQueueRead`
+  answers ``ReadFreeQueue``. While answers are outstanding the core accepts no
+  observation (the shell runs the command loop to completion inside one
+  callback; see ``machine.drive``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+BlockHash = int | None
+
+
+@attrs.frozen(kw_only=True)
+class RequestArrived:
+    """The connector saw a request id for the first time (tracker created), or
+    again after a preemption. Source: ``get_num_new_matched_tokens``."""
+
+    TAG: ClassVar[int] = 1
+    req_id: str
+
+
+@attrs.frozen(kw_only=True)
+class CandidateOffered:
+    """A chunk-aligned store candidate ``[start_token, end_token)`` of a request
+    is ready, with its block ids and the block-hash snapshot read now.
+    Source: ``build_connector_meta`` (the request tracker's store metadata)."""
+
+    TAG: ClassVar[int] = 2
+    req_id: str
+    start_token: int
+    end_token: int
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[BlockHash, ...]
+    time_s: float
+
+
+@attrs.frozen(kw_only=True)
+class StepScheduled:
+    """A scheduler step was built. Source: ``build_connector_meta``.
+
+    Fields:
+      scheduled_tokens: total tokens scheduled this step (0 = empty step).
+      allocated_blocks: gross count of block ids newly handed out this step.
+      next_step_blocks: feed-forward estimate of next step's allocation.
+      free_blocks: length of vLLM's free queue after this step's allocation.
+      window_block_ids: the first ``window_depth(...)`` block ids of the free
+        queue from the eviction head (rank 0 first), as the connector read them.
+      reallocated: ``(block_id, hash_now)`` for every block this step allocated
+        that the core watches (``State.watches``): how reuse is seen
+        incrementally, without re-hashing the backlog.
+      time_s: logical time, for ``max_deferral_seconds``.
+    """
+
+    TAG: ClassVar[int] = 3
+    scheduled_tokens: int
+    allocated_blocks: int
+    next_step_blocks: int
+    free_blocks: int
+    window_block_ids: tuple[int, ...]
+    reallocated: tuple[tuple[int, BlockHash], ...]
+    time_s: float
+
+
+@attrs.frozen(kw_only=True)
+class RequestFinished:
+    """vLLM finished (or aborted) a request; its blocks are about to be freed.
+    ``free_blocks`` is the free-queue length before they are. Source:
+    ``request_finished``."""
+
+    TAG: ClassVar[int] = 4
+    req_id: str
+    free_blocks: int
+
+
+@attrs.frozen(kw_only=True)
+class RequestPreempted:
+    """vLLM preempted a request and freed its blocks; it restarts from token 0.
+    Source: ``get_num_new_matched_tokens`` on a PREEMPTED request."""
+
+    TAG: ClassVar[int] = 5
+    req_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptsArrived:
+    """Store receipts aggregated over workers for one engine step: per request
+    id, how many workers completed its in-flight store, and which failed.
+    Source: ``update_connector_output``."""
+
+    TAG: ClassVar[int] = 6
+    completed: tuple[tuple[str, int], ...]
+    failed: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class HashesRead:
+    """Answer to ``ReadHashes``: the current hashes of the batch's blocks, read
+    after they were protected, in the command's order."""
+
+    TAG: ClassVar[int] = 7
+    batch_id: int
+    block_hashes: tuple[BlockHash, ...]
+
+
+@attrs.frozen(kw_only=True)
+class FreeQueueRead:
+    """Answer to ``ReadFreeQueue``: the first ``depth_blocks`` free-queue block
+    ids, read after this step's protections (the pin cascade)."""
+
+    TAG: ClassVar[int] = 8
+    window_block_ids: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class PrefixCacheReset:
+    """vLLM reset its prefix cache: every block hash is gone. Source:
+    ``reset_cache`` / ``reset_prefix_cache``."""
+
+    TAG: ClassVar[int] = 9
+
+
+@attrs.frozen(kw_only=True)
+class ShutdownRequested:
+    """The connector is shutting down. Source: ``shutdown``."""
+
+    TAG: ClassVar[int] = 10
+
+
+Event = (
+    RequestArrived
+    | CandidateOffered
+    | StepScheduled
+    | RequestFinished
+    | RequestPreempted
+    | ReceiptsArrived
+    | HashesRead
+    | FreeQueueRead
+    | PrefixCacheReset
+    | ShutdownRequested
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RequestArrived,
+    CandidateOffered,
+    StepScheduled,
+    RequestFinished,
+    RequestPreempted,
+    ReceiptsArrived,
+    HashesRead,
+    FreeQueueRead,
+    PrefixCacheReset,
+    ShutdownRequested,
+)
+ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)

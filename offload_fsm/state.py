@@ -1,0 +1,170 @@
+"""The machine's state: plain records, no logic.
+
+Only ``machine.step`` writes these objects (it owns them linearly: a state is
+handed to ``step``, which updates it in place and returns what it decided; the
+caller never mutates it). Everything else (policies, invariants, digest, the
+replay tool, the connector's queries) only reads.
+
+Iteration order is always insertion order of dicts or explicit sort keys; no
+raw set is iterated where order can reach a decision.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import attrs
+
+from offload_fsm.config import OffloadConfig
+from offload_fsm.decisions import DropCause
+
+BlockHash = int | None
+
+
+class Phase(enum.Enum):
+    ACTIVE = "active"
+    FINISHED = "finished"
+
+
+class BatchStatus(enum.Enum):
+    VERIFYING = "verifying"  # protected, hashes requested, not yet submitted
+    IN_FLIGHT = "in_flight"  # submitted, awaiting receipts from every worker
+
+
+@attrs.define(slots=True, eq=False)
+class Op:
+    """One buffered store operation: a chunk-aligned token range of a request."""
+
+    op_id: int
+    req: RequestState
+    start_token: int
+    end_token: int
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[BlockHash, ...]
+    time_s: float
+    pinned: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.end_token - self.start_token
+
+
+@attrs.define(slots=True, eq=False)
+class Batch:
+    """One request's selected ops, coalesced into one store."""
+
+    batch_id: int
+    req: RequestState
+    ops: list[Op]
+    status: BatchStatus = BatchStatus.VERIFYING
+    receipts: int = 0
+    failed: bool = False
+    orphaned: bool = False
+
+
+@attrs.define(slots=True, eq=False)
+class RequestState:
+    """Per request id. ``ops`` are the buffered ops in token order."""
+
+    req_id: str
+    phase: Phase = Phase.ACTIVE
+    ops: list[Op] = attrs.Factory(list)
+    batch: Batch | None = None
+    broken: bool = False
+    next_start_token: int | None = None  # end of the last offered range
+    order: int = 0  # admission order of the current pending run (tie-break)
+
+
+LEDGER_TERMS: Final = (
+    "pending",
+    "verifying",
+    "in_flight",
+    "stored",
+    "failed",
+    "abandoned",
+    *(f"dropped_{cause.value}" for cause in DropCause),
+)
+
+# Counter names, in a fixed order (the log line and the digest depend on it).
+COUNTER_NAMES: Final = (
+    "admitted_ops",
+    "admitted_tokens",
+    "rejected_unhashed_ops",
+    "rejected_prefix_broken_ops",
+    "selected_ops",
+    "selected_overdue_ops",
+    "selected_cascade_ops",
+    "selected_shielded_ops",
+    "shielded_ops",
+    "submitted_ops",
+    "submitted_tokens",
+    "stored_ops",
+    "stored_tokens",
+    "failed_ops",
+    "failed_tokens",
+    "abandoned_ops",
+    "abandoned_tokens",
+    *(f"dropped_{cause.value}_ops" for cause in DropCause),
+    *(f"dropped_{cause.value}_tokens" for cause in DropCause),
+    "held_drain_cap",
+    "held_pin_budget",
+    "held_in_flight",
+    "receipts_ignored",
+    "protected_blocks",
+    "released_blocks",
+    "token_steps",
+    "empty_steps",
+    "window_blocks_read",
+    "blocks_checked",
+)
+
+
+@attrs.define(slots=True, eq=False)
+class StepContext:
+    """Per-step drain budget, alive from a ``StepScheduled`` until its answers
+    are all in (the pin cascade can select more after ``FreeQueueRead``)."""
+
+    ops_left: int
+    pin_headroom_blocks: int
+    depth_blocks: int
+    window_seen: set[int]
+    window_pinned_blocks: int = 0
+
+
+@attrs.define(slots=True, eq=False)
+class State:
+    config: OffloadConfig
+    world_size: int
+    poisoned: str | None = None
+    closed: bool = False
+    step_index: int = 0  # token-producing steps seen
+    last_step_tokens: int = 0
+    selected_in_step: int = 0
+    time_s: float = 0.0
+    ema_blocks: float | None = None
+    depth_blocks: int = 0
+    next_step_blocks: int = 0
+    free_blocks: int = 0
+    requests: dict[str, RequestState] = attrs.Factory(dict)
+    pending: dict[str, RequestState] = attrs.Factory(dict)  # has buffered ops, in entry order
+    ready: dict[str, None] = attrs.Factory(dict)  # FIFO: finished, buffered, not blocked
+    shielded: dict[str, None] = attrs.Factory(dict)  # has protected buffered ops
+    owners: dict[int, list[Op]] = attrs.Factory(dict)  # EA: block id -> buffered ops on it
+    deadlines: list[tuple[float, int, str, int]] = attrs.Factory(list)  # heap
+    batches: dict[int, Batch] = attrs.Factory(dict)
+    pins: dict[int, int] = attrs.Factory(dict)  # block id -> protections we hold
+    awaiting_hashes: dict[int, None] = attrs.Factory(dict)
+    awaiting_queue: bool = False
+    context: StepContext | None = None
+    next_op_id: int = 0
+    next_batch_id: int = 0
+    next_order: int = 0
+    counters: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(COUNTER_NAMES, 0))
+
+
+def new_state(config: OffloadConfig, *, world_size: int) -> State:
+    """A fresh machine for ``world_size`` workers (every rank sends a receipt)."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size!r} is invalid: expected an integer >= 1")
+    return State(config=config, world_size=world_size)
