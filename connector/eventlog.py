@@ -1,0 +1,477 @@
+"""Background, non-blocking writer of the framed event log (and file helpers).
+
+Log files
+---------
+A writer appends framed records (see :mod:`offload_fsm.framing`) to files
+``<directory>/<prefix>-<seqno:06d>.lolog``, seqno starting at ``000000``.
+The default prefix is ``<UTC timestamp>-<pid>``.  When appending the next
+record would push the current file past ``max_file_bytes`` the file is
+flushed, fsynced and closed, and the next seqno is opened.
+
+**Every file starts with a header record** whose payload is
+``encode(make_header())``, written before anything else in that file.  The
+header carries whatever the caller needs to interpret the file (schema
+version, config, a state snapshot, ...), so each file is replayable on its
+own, without its predecessors.
+
+Contract towards the caller (the vLLM scheduler thread)
+-------------------------------------------------------
+* :meth:`EventLogWriter.append` never blocks and never does I/O: it puts the
+  opaque item on a bounded in-memory queue (``queue_max_items``).  Encoding,
+  framing and writing happen on a daemon background thread.
+* If the queue is full the item is dropped and counted.  The loss is never
+  silent: the first loss calls ``warn`` once (per writer), ``items_lost``
+  counts every dropped item, and as soon as the queue has room again a gap
+  marker ``make_gap(lost_count)`` is enqueued in front of the next item, so
+  the log itself records where and how many events are missing.  Items that
+  fail to encode (or exceed ``MAX_PAYLOAD_BYTES``) are handled the same way:
+  counted in ``items_lost``, warned about once, replaced by ``make_gap(1)``.
+* Writes are buffered and flushed to the OS every ``flush_interval_s`` or
+  ``flush_bytes``; files are fsynced on rotation and on :meth:`close`.
+  ``close`` is idempotent and registered with :mod:`atexit`, so a normal
+  interpreter exit drains the queue and flushes.  A crash loses at most the
+  queued/unflushed tail and leaves at most a torn last record, which
+  :func:`offload_fsm.framing.scan` reports as damage and skips.
+* Appends are intended to come from one thread (the scheduler).  Several
+  producer threads are safe (the deque operations are atomic) but the queue
+  bound and the loss accounting are then approximate.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from offload_fsm.framing import Damage, Record, frame, scan_stream
+
+__all__ = [
+    "FILE_SUFFIX",
+    "EventLogWriter",
+    "default_prefix",
+    "log_files",
+    "read_log_file",
+]
+
+FILE_SUFFIX = ".lolog"
+
+_log = logging.getLogger(__name__)
+_instance_counter = itertools.count()
+
+
+def default_prefix() -> str:
+    """``<UTC timestamp with ms>-<pid>``, plus ``-<n>`` for later writers of a process."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
+    n = next(_instance_counter)
+    return f"{stamp}-{os.getpid()}" + (f"-{n}" if n else "")
+
+
+def _file_name(prefix: str, seqno: int) -> str:
+    return f"{prefix}-{seqno:06d}{FILE_SUFFIX}"
+
+
+class _Gap:
+    """Queue-internal placeholder; turned into ``make_gap(count)`` by the writer thread."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+class EventLogWriter:
+    """Non-blocking, rotating writer of framed records.  See the module docstring."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        encode: Callable[[object], bytes],
+        make_header: Callable[[], object],
+        make_gap: Callable[[int], object],
+        warn: Callable[[str], None] | None = None,
+        prefix: str | None = None,
+        queue_max_items: int = 65536,
+        max_file_bytes: int = 256 * 1024 * 1024,
+        flush_interval_s: float = 0.2,
+        flush_bytes: int = 1 << 20,
+        idle_poll_s: float = 0.01,
+        register_atexit: bool = True,
+    ) -> None:
+        if queue_max_items < 1:
+            raise ValueError("queue_max_items must be >= 1")
+        if max_file_bytes < 1:
+            raise ValueError("max_file_bytes must be >= 1")
+        self._dir = Path(directory)
+        self._encode = encode
+        self._make_header = make_header
+        self._make_gap = make_gap
+        self._warn = warn if warn is not None else _log.warning
+        self.prefix = prefix if prefix is not None else default_prefix()
+        self._queue_max = queue_max_items
+        self._max_file_bytes = max_file_bytes
+        self._flush_interval_s = flush_interval_s
+        self._flush_bytes = flush_bytes
+        self._idle_poll_s = idle_poll_s
+
+        # Producer-side state.  ``_limit`` is the queue bound while healthy and
+        # -1 while a loss is pending or after close, which routes append() to
+        # the slow path with a single comparison on the hot path.
+        self._queue: deque[object] = deque()
+        self._limit = queue_max_items
+        self._lost_pending = 0
+        self._items_lost = 0
+        self._warned_loss = False
+        self._closing = False
+
+        # Writer-thread state.
+        self._items_written = 0
+        self._records_written = 0
+        self._gaps_written = 0
+        self._bytes_written = 0
+        self._encode_errors = 0
+        self._warned_encode = False
+        self._broken: BaseException | None = None
+        self._files: list[Path] = []
+        self._seqno = -1
+        self._file: BinaryIO | None = None
+        self._file_bytes = 0
+        self._file_records = 0
+        self._unflushed = 0
+        self._last_flush = time.monotonic()
+
+        # Open the first file here, on the caller's thread, so that a bad
+        # directory or a failing header/encode raises at construction.
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._open_next_file()
+
+        self._wake = threading.Event()
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._run, name=f"eventlog-writer-{self.prefix}", daemon=True
+        )
+        self._thread.start()
+        self._atexit_registered = register_atexit
+        if register_atexit:
+            atexit.register(self._atexit_close)
+
+    # ------------------------------------------------------------ producer side
+
+    def append(self, item: object) -> None:
+        """Enqueue ``item`` for writing; never blocks, never raises on overload."""
+        q = self._queue
+        if len(q) < self._limit:
+            q.append(item)
+        else:
+            self._append_slow(item)
+
+    def _append_slow(self, item: object) -> None:
+        q = self._queue
+        if self._closing:
+            self._lose("append() after close(); item dropped")
+            return
+        if self._lost_pending:
+            if len(q) < self._queue_max:
+                # Room again: the gap marker may exceed the bound by one.
+                q.append(_Gap(self._lost_pending))
+                q.append(item)
+                self._lost_pending = 0
+                self._limit = self._queue_max
+                return
+            self._lost_pending += 1
+            self._items_lost += 1
+            return
+        if len(q) < self._queue_max:  # raced with the writer thread draining
+            q.append(item)
+            return
+        self._lost_pending = 1
+        self._limit = -1
+        self._lose(
+            f"event log queue full ({self._queue_max} items): dropping events; "
+            "a gap marker with the lost count will be written when the queue drains "
+            "(further losses are counted in items_lost, not warned again)",
+        )
+        self._wake.set()
+
+    def _lose(self, message: str) -> None:
+        self._items_lost += 1
+        if not self._warned_loss:
+            self._warned_loss = True
+            self._warn(message)
+
+    # ------------------------------------------------------------ counters
+
+    @property
+    def items_written(self) -> int:
+        """Caller items written (headers and gap markers excluded)."""
+        return self._items_written
+
+    @property
+    def items_lost(self) -> int:
+        """Caller items dropped: queue overflow, encode failures, after close, I/O failure."""
+        return self._items_lost
+
+    @property
+    def records_written(self) -> int:
+        """All records written, including headers and gap markers."""
+        return self._records_written
+
+    @property
+    def gaps_written(self) -> int:
+        return self._gaps_written
+
+    @property
+    def bytes_written(self) -> int:
+        """Framed bytes handed to the OS or buffered for it, over all files."""
+        return self._bytes_written
+
+    @property
+    def encode_errors(self) -> int:
+        return self._encode_errors
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Paths of the files opened so far, in order."""
+        return tuple(self._files)
+
+    @property
+    def queue_len(self) -> int:
+        return len(self._queue)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "items_written": self._items_written,
+            "items_lost": self._items_lost,
+            "records_written": self._records_written,
+            "gaps_written": self._gaps_written,
+            "bytes_written": self._bytes_written,
+            "encode_errors": self._encode_errors,
+            "files": len(self._files),
+            "queue_len": len(self._queue),
+        }
+
+    # ------------------------------------------------------------ close
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Drain the queue, flush, fsync and close the file, join the thread.
+
+        Idempotent.  Returns True once the writer thread has finished (a later
+        call may be used to wait again after a timeout).
+        """
+        with self._close_lock:
+            first = not self._closing
+            if first and self._lost_pending:
+                # Record the final loss episode in the log before shutting down.
+                self._queue.append(_Gap(self._lost_pending))
+                self._lost_pending = 0
+            self._closing = True
+            self._limit = -1
+        if first and self._atexit_registered:
+            atexit.unregister(self._atexit_close)
+        self._wake.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            if first:
+                self._warn(
+                    f"event log writer did not finish within {timeout_s}s "
+                    f"({len(self._queue)} items still queued)"
+                )
+            return False
+        if first and self._queue:
+            # Items appended concurrently with close(), after the final drain.
+            leftover = len(self._queue)
+            self._queue.clear()
+            self._items_lost += leftover
+            self._warn(f"{leftover} event(s) appended during close() were dropped")
+        return True
+
+    def _atexit_close(self) -> None:
+        self.close()
+
+    def __enter__(self) -> EventLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ writer thread
+
+    def _run(self) -> None:
+        q = self._queue
+        popleft = q.popleft
+        write_item = self._write_item
+        monotonic = time.monotonic
+        try:
+            while True:
+                n = 0
+                while n < 4096:
+                    try:
+                        item = popleft()
+                    except IndexError:
+                        break
+                    write_item(item)
+                    n += 1
+                if self._unflushed and (
+                    self._unflushed >= self._flush_bytes
+                    or monotonic() - self._last_flush >= self._flush_interval_s
+                ):
+                    self._flush()
+                if n == 0:
+                    if self._closing:
+                        break
+                    self._wake.wait(self._idle_poll_s)
+                    self._wake.clear()
+        finally:
+            self._close_file()
+
+    def _write_item(self, item: object) -> None:
+        is_gap = type(item) is _Gap
+        if self._broken is not None:
+            if is_gap:
+                return
+            self._items_lost += 1
+            return
+        try:
+            if is_gap:
+                assert isinstance(item, _Gap)
+                record = frame(self._encode(self._make_gap(item.count)))
+            else:
+                record = frame(self._encode(item))
+        except Exception as exc:
+            self._encode_errors += 1
+            if not is_gap:
+                self._items_lost += 1
+            if not self._warned_encode:
+                self._warned_encode = True
+                self._warn(f"event log: failed to encode {type(item).__name__}: {exc!r}")
+            if is_gap:
+                return
+            try:
+                record = frame(self._encode(self._make_gap(1)))
+            except Exception:
+                return
+            is_gap = True
+        if self._file_records and self._file_bytes + len(record) > self._max_file_bytes:
+            self._rotate()
+            if self._broken is not None:
+                if not is_gap:
+                    self._items_lost += 1
+                return
+        self._write_record(record)
+        if self._broken is not None:
+            if not is_gap:
+                self._items_lost += 1
+            return
+        if is_gap:
+            self._gaps_written += 1
+        else:
+            self._items_written += 1
+        self._file_records += 1
+
+    def _write_record(self, record: bytes) -> None:
+        f = self._file
+        assert f is not None
+        try:
+            f.write(record)
+        except OSError as exc:
+            self._fail(exc)
+            return
+        n = len(record)
+        self._file_bytes += n
+        self._bytes_written += n
+        self._unflushed += n
+        self._records_written += 1
+
+    def _flush(self) -> None:
+        self._unflushed = 0
+        self._last_flush = time.monotonic()
+        if self._file is not None and self._broken is None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._broken = exc
+        self._warn(
+            f"event log: I/O error on {self._files[-1] if self._files else self._dir}: "
+            f"{exc!r}; further events are dropped and counted in items_lost"
+        )
+
+    def _close_file(self) -> None:
+        f = self._file
+        self._file = None
+        if f is None:
+            return
+        try:
+            if self._broken is None:
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            self._fail(exc)
+        finally:
+            try:
+                f.close()
+            except OSError as exc:
+                if self._broken is None:
+                    self._fail(exc)
+            self._unflushed = 0
+
+    def _rotate(self) -> None:
+        self._close_file()
+        if self._broken is not None:
+            return
+        try:
+            self._open_next_file()
+        except OSError as exc:
+            self._fail(exc)
+        except Exception as exc:  # make_header/encode failed: file lacks its header
+            self._encode_errors += 1
+            self._warn(f"event log: failed to write header of {self._files[-1]}: {exc!r}")
+
+    def _open_next_file(self) -> None:
+        self._seqno += 1
+        path = self._dir / _file_name(self.prefix, self._seqno)
+        # "x": never clobber an existing log.
+        self._file = open(path, "xb", buffering=max(self._flush_bytes, 8192))  # noqa: SIM115
+        self._files.append(path)
+        self._file_bytes = 0
+        self._file_records = 0
+        self._write_record(frame(self._encode(self._make_header())))
+
+
+# ------------------------------------------------------------ reading helpers
+
+_SEQ_RE = re.compile(r"-(\d{6,})" + re.escape(FILE_SUFFIX) + r"$")
+
+
+def log_files(directory: str | os.PathLike[str], prefix: str | None = None) -> list[Path]:
+    """The ``*.lolog`` files of ``directory`` (optionally one prefix), by prefix then seqno."""
+    out: list[tuple[str, int, Path]] = []
+    for path in Path(directory).iterdir():
+        m = _SEQ_RE.search(path.name)
+        if m is None or not path.is_file():
+            continue
+        file_prefix = path.name[: m.start()]
+        if prefix is not None and file_prefix != prefix:
+            continue
+        out.append((file_prefix, int(m.group(1)), path))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [p for _, _, p in out]
+
+
+def read_log_file(
+    path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20
+) -> Iterator[Record | Damage]:
+    """Validate and yield the records (and damage) of one log file."""
+    with open(path, "rb") as f:
+        yield from scan_stream(f, chunk_bytes=chunk_bytes)

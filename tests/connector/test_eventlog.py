@@ -1,0 +1,292 @@
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from connector.eventlog import EventLogWriter, log_files, read_log_file
+from offload_fsm.framing import Damage, Record, frame, scan
+
+HEADER = {"kind": "header", "schema": 1}
+
+
+def _encode(item: object) -> bytes:
+    return json.dumps(item, sort_keys=True).encode()
+
+
+def _make_gap(n: int) -> object:
+    return {"kind": "gap", "lost": n}
+
+
+class Warnings:
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            self.messages.append(message)
+
+
+def _writer(tmp_path: Path, warn: Warnings | None = None, **kw: object) -> EventLogWriter:
+    return EventLogWriter(
+        tmp_path,
+        encode=kw.pop("encode", _encode),  # type: ignore[arg-type]
+        make_header=lambda: HEADER,
+        make_gap=_make_gap,
+        warn=warn if warn is not None else Warnings(),
+        prefix=kw.pop("prefix", "test"),  # type: ignore[arg-type]
+        register_atexit=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _read(path: Path) -> list[object]:
+    items = list(scan(path.read_bytes()))
+    assert all(isinstance(x, Record) for x in items), items
+    return [json.loads(x.payload) for x in items if isinstance(x, Record)]
+
+
+def test_items_written_in_order_and_readable(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    for i in range(1000):
+        w.append({"i": i})
+    assert w.close()
+    assert w.files == (tmp_path / "test-000000.lolog",)
+    payloads = _read(w.files[0])
+    assert payloads[0] == HEADER
+    assert payloads[1:] == [{"i": i} for i in range(1000)]
+    assert w.items_written == 1000
+    assert w.items_lost == 0
+    assert w.bytes_written == w.files[0].stat().st_size
+    assert w.stats()["files"] == 1
+    assert list(read_log_file(w.files[0], chunk_bytes=5)) == list(scan(w.files[0].read_bytes()))
+
+
+def test_periodic_flush_without_close(tmp_path: Path) -> None:
+    w = _writer(tmp_path, flush_interval_s=0.01)
+    w.append({"i": 1})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if len(_read(w.files[0])) == 2:
+                break
+            time.sleep(0.01)
+        assert _read(w.files[0]) == [HEADER, {"i": 1}]
+    finally:
+        w.close()
+
+
+def test_rotation_each_file_starts_with_header(tmp_path: Path) -> None:
+    rec_size = len(frame(_encode({"i": 100, "pad": "x" * 50})))
+    w = _writer(tmp_path, max_file_bytes=rec_size * 10)
+    for i in range(100, 200):
+        w.append({"i": i, "pad": "x" * 50})
+    assert w.close()
+    files = w.files
+    assert len(files) > 3
+    assert [p.name for p in files] == [f"test-{n:06d}.lolog" for n in range(len(files))]
+    assert log_files(tmp_path) == list(files)
+    assert log_files(tmp_path, prefix="other") == []
+    seen = []
+    for path in files:
+        payloads = _read(path)
+        assert payloads[0] == HEADER
+        assert HEADER not in payloads[1:]
+        assert path.stat().st_size <= rec_size * 10
+        seen.extend(payloads[1:])
+    assert seen == [{"i": i, "pad": "x" * 50} for i in range(100, 200)]
+    assert w.items_written == 100
+    assert w.bytes_written == sum(p.stat().st_size for p in files)
+
+
+class BlockingEncoder:
+    """Encoder that blocks on items carrying ``"block": True`` until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, item: object) -> bytes:
+        if isinstance(item, dict) and item.get("block"):
+            self.entered.set()
+            assert self.release.wait(10)
+        return _encode(item)
+
+    def hold_writer(self, w: EventLogWriter, item: dict[str, object]) -> None:
+        """Append ``item`` and wait until the writer thread is stuck encoding it."""
+        _wait_empty(w)
+        self.entered.clear()
+        self.release.clear()
+        w.append({**item, "block": True})
+        assert self.entered.wait(10)
+        assert w.queue_len == 0
+
+    def drain(self, w: EventLogWriter) -> None:
+        self.release.set()
+        _wait_empty(w)
+
+
+def _wait_empty(w: EventLogWriter) -> None:
+    deadline = time.monotonic() + 10
+    while w.queue_len and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert w.queue_len == 0
+
+
+def test_overflow_writes_gap_marker_and_warns_once(tmp_path: Path) -> None:
+    enc = BlockingEncoder()
+    warns = Warnings()
+    w = _writer(tmp_path, warns, encode=enc, queue_max_items=4)
+    enc.hold_writer(w, {"i": 0})
+    for i in range(1, 5):  # fills the queue
+        w.append({"i": i})
+    for i in range(5, 12):  # 7 items lost
+        w.append({"i": i})
+    assert w.items_lost == 7
+    assert len(warns.messages) == 1
+    assert "queue full" in warns.messages[0]
+    enc.drain(w)
+    w.append({"i": 12})  # room again: the gap marker goes in front of it
+    for i in range(13, 15):
+        w.append({"i": i})
+    assert w.close()
+    assert _read(w.files[0]) == [
+        HEADER,
+        {"i": 0, "block": True},
+        *[{"i": i} for i in range(1, 5)],
+        {"kind": "gap", "lost": 7},
+        *[{"i": i} for i in range(12, 15)],
+    ]
+    assert len(warns.messages) == 1
+    assert w.items_lost == 7
+    assert w.items_written == 8
+    assert w.gaps_written == 1
+
+
+def test_second_overflow_episode_is_not_warned_again_but_recorded(tmp_path: Path) -> None:
+    enc = BlockingEncoder()
+    warns = Warnings()
+    w = _writer(tmp_path, warns, encode=enc, queue_max_items=2)
+    for episode in range(2):
+        enc.hold_writer(w, {"e": episode, "i": 0})
+        for i in range(1, 6):  # 2 fit, 3 lost
+            w.append({"e": episode, "i": i})
+        enc.drain(w)
+        w.append({"e": episode, "i": 6})
+    assert w.close()
+    payloads = _read(w.files[0])
+    gaps = [p for p in payloads if isinstance(p, dict) and p.get("kind") == "gap"]
+    assert gaps == [{"kind": "gap", "lost": 3}, {"kind": "gap", "lost": 3}]
+    assert len(payloads) == 1 + 2 * (1 + 2 + 1 + 1)
+    assert w.items_lost == 6
+    assert len(warns.messages) == 1
+
+
+def test_pending_loss_is_recorded_on_close(tmp_path: Path) -> None:
+    enc = BlockingEncoder()
+    w = _writer(tmp_path, encode=enc, queue_max_items=1)
+    enc.hold_writer(w, {"i": 0})
+    w.append({"i": 1})
+    w.append({"i": 2})  # lost; the queue is still full when close() runs
+    enc.release.set()
+    assert w.close()
+    assert _read(w.files[0])[-1] == {"kind": "gap", "lost": 1}
+    assert w.items_lost == 1
+
+
+def test_close_is_idempotent_and_flushes(tmp_path: Path) -> None:
+    warns = Warnings()
+    w = _writer(tmp_path, warns, flush_interval_s=3600, flush_bytes=1 << 30)
+    for i in range(500):
+        w.append({"i": i})
+    assert w.close()
+    size = w.files[0].stat().st_size
+    assert len(_read(w.files[0])) == 501
+    assert w.close()
+    assert w.close(timeout_s=0)
+    assert w.files[0].stat().st_size == size
+    # Appending after close is counted and warned, never silent, never written.
+    w.append({"i": "late"})
+    assert w.items_lost == 1
+    assert len(warns.messages) == 1
+    assert w.files[0].stat().st_size == size
+
+
+def test_context_manager(tmp_path: Path) -> None:
+    with _writer(tmp_path) as w:
+        w.append({"i": 1})
+    assert _read(w.files[0]) == [HEADER, {"i": 1}]
+
+
+def test_encode_failure_becomes_gap_and_warns_once(tmp_path: Path) -> None:
+    warns = Warnings()
+    w = _writer(tmp_path, warns)
+    w.append({"i": 0})
+    w.append(object())  # not JSON-serialisable
+    w.append(object())
+    w.append({"i": 1})
+    assert w.close()
+    assert _read(w.files[0]) == [
+        HEADER,
+        {"i": 0},
+        {"kind": "gap", "lost": 1},
+        {"kind": "gap", "lost": 1},
+        {"i": 1},
+    ]
+    assert w.items_lost == 2
+    assert w.encode_errors == 2
+    assert len(warns.messages) == 1
+
+
+def test_torn_tail_after_crash_is_reported_and_skipped(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    for i in range(10):
+        w.append({"i": i})
+    assert w.close()
+    path = w.files[0]
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])  # simulate a crash in the middle of the last write
+    items = list(read_log_file(path))
+    records = [x for x in items if isinstance(x, Record)]
+    damages = [x for x in items if isinstance(x, Damage)]
+    assert [json.loads(r.payload) for r in records] == [HEADER, *[{"i": i} for i in range(9)]]
+    assert len(damages) == 1 and damages[0].is_torn_tail
+
+
+def test_default_prefix_and_no_clobber(tmp_path: Path) -> None:
+    w = EventLogWriter(
+        tmp_path,
+        encode=_encode,
+        make_header=lambda: HEADER,
+        make_gap=_make_gap,
+        register_atexit=False,
+    )
+    w.close()
+    name = w.files[0].name
+    assert name.endswith("-000000.lolog")
+    assert str(os.getpid()) in name
+    with pytest.raises(FileExistsError):
+        _writer(tmp_path, prefix=w.prefix)
+
+
+def test_atexit_flushes_on_interpreter_exit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import json, sys\n"
+        "from connector.eventlog import EventLogWriter\n"
+        "w = EventLogWriter(sys.argv[1], encode=lambda o: json.dumps(o).encode(),\n"
+        "    make_header=lambda: 'H', make_gap=lambda n: ['gap', n], prefix='x',\n"
+        "    flush_interval_s=3600, flush_bytes=1 << 30)\n"
+        "for i in range(2000):\n"
+        "    w.append(i)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=root, timeout=60)
+    assert _read(tmp_path / "x-000000.lolog") == ["H", *range(2000)]
