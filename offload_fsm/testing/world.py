@@ -1,0 +1,281 @@
+"""A small, deterministic stand-in for vLLM's block pool and scheduler, and a
+shell that executes the core's commands against it.
+
+Used by the stateful tests, the table tests and the replay tests to produce
+realistic event streams without vLLM. It models exactly what the core relies
+on: a free queue with the eviction head first, hashed blocks rejoining at the
+tail and hashless ones at the head, reallocation resetting a block's hash,
+``touch`` dequeuing on 0 -> 1, and per-worker store receipts.
+
+The world also checks the core from outside (``World.violations``): a
+submitted store covers only protected blocks whose hashes still equal the
+snapshot taken when the range was offered; an op dropped as evicted or stale
+really lost a block; a session ends only for a finished request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import attrs
+
+from offload_fsm.commands import (
+    Command,
+    EndSession,
+    ProtectBlocks,
+    ReadFreeQueue,
+    ReadHashes,
+    ReleaseBlocks,
+    SubmitStore,
+)
+from offload_fsm.decisions import DropCause, OpsDropped
+from offload_fsm.events import (
+    CandidateOffered,
+    Event,
+    FreeQueueRead,
+    HashesRead,
+    PrefixCacheReset,
+    ReceiptsArrived,
+    RequestArrived,
+    RequestFinished,
+    RequestPreempted,
+    ShutdownRequested,
+    StepScheduled,
+)
+from offload_fsm.machine import Outcome, drive, watches, window_depth
+from offload_fsm.state import State
+
+
+class FakePool:
+    """Blocks with hashes and reference counts, and an LRU free queue."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.hashes: list[int | None] = [None] * num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._next_hash = 1
+
+    def allocate(self, count: int) -> list[int] | None:
+        if len(self.free) < count:
+            return None
+        taken = []
+        for _ in range(count):
+            block_id, _ = self.free.popitem(last=False)
+            self.hashes[block_id] = None  # evicted: its cached content is gone
+            self.ref_cnt[block_id] = 1
+            taken.append(block_id)
+        return taken
+
+    def fill(self, block_id: int) -> int:
+        """The block was computed: it gets a fresh, never-reused hash."""
+        self.hashes[block_id] = self._next_hash
+        self._next_hash += 1
+        return self._next_hash - 1
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            if self.ref_cnt[block_id] == 0:
+                del self.free[block_id]
+            self.ref_cnt[block_id] += 1
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            assert self.ref_cnt[block_id] > 0, f"block {block_id} released below zero"
+            self.ref_cnt[block_id] -= 1
+            if self.ref_cnt[block_id] == 0:
+                self.free[block_id] = None
+                if self.hashes[block_id] is None:
+                    self.free.move_to_end(block_id, last=False)
+
+    def window(self, depth: int) -> tuple[int, ...]:
+        out = []
+        for block_id in self.free:
+            if len(out) >= depth:
+                break
+            out.append(block_id)
+        return tuple(out)
+
+    def reset_hashes(self) -> None:
+        for block_id in self.free:
+            self.hashes[block_id] = None
+
+
+@attrs.define(eq=False)
+class FakeRequest:
+    req_id: str
+    blocks: list[int] = attrs.Factory(list)
+    tokens: int = 0
+    snapshots: dict[int, dict[int, int | None]] = attrs.Factory(dict)  # start -> block -> hash
+
+
+@attrs.define(eq=False)
+class World:
+    """The fake engine. ``chunk_blocks`` blocks of ``block_tokens`` make one op."""
+
+    state: State
+    pool: FakePool
+    block_tokens: int = 32
+    chunk_blocks: int = 2
+    time_s: float = 0.0
+    active: dict[str, FakeRequest] = attrs.Factory(dict)
+    finished: dict[str, FakeRequest] = attrs.Factory(dict)  # awaiting session end
+    in_flight: dict[str, SubmitStore] = attrs.Factory(dict)
+    submissions: list[SubmitStore] = attrs.Factory(list)
+    pins: dict[int, int] = attrs.Factory(dict)
+    sessions_ended: list[str] = attrs.Factory(list)
+    applied: list[tuple[Event, Outcome]] = attrs.Factory(list)
+    violations: list[str] = attrs.Factory(list)
+    step_metadata: list[SubmitStore] = attrs.Factory(list)
+
+    # -- driving the core -------------------------------------------------
+
+    def feed(self, event: Event) -> list[tuple[Event, Outcome]]:
+        applied = drive(self.state, event, self.execute)
+        for _, outcome in applied:
+            for decision in outcome.decisions:
+                if isinstance(decision, OpsDropped):
+                    self._check_drop(decision)
+        self.applied.extend(applied)
+        return applied
+
+    def execute(self, command: Command) -> Event | None:
+        if isinstance(command, ProtectBlocks):
+            self.pool.touch(command.block_ids)
+            for block_id in command.block_ids:
+                self.pins[block_id] = self.pins.get(block_id, 0) + 1
+        elif isinstance(command, ReadHashes):
+            return HashesRead(
+                batch_id=command.batch_id,
+                block_hashes=tuple(self.pool.hashes[b] for b in command.block_ids),
+            )
+        elif isinstance(command, ReadFreeQueue):
+            return FreeQueueRead(window_block_ids=self.pool.window(command.depth_blocks))
+        elif isinstance(command, SubmitStore):
+            self._check_submit(command)
+            self.in_flight[command.req_id] = command
+            self.submissions.append(command)
+            self.step_metadata.append(command)
+        elif isinstance(command, ReleaseBlocks):
+            for block_id in command.block_ids:
+                left = self.pins.get(block_id, 0) - 1
+                if left < 0:
+                    self.violations.append(f"block {block_id} released more than protected")
+                    continue
+                if left:
+                    self.pins[block_id] = left
+                else:
+                    del self.pins[block_id]
+            self.pool.release(command.block_ids)
+        elif isinstance(command, EndSession):
+            if command.req_id in self.active and command.req_id not in self.finished:
+                self.violations.append(f"session of running request {command.req_id} ended")
+            self.finished.pop(command.req_id, None)
+            self.sessions_ended.append(command.req_id)
+        return None
+
+    # -- observations -----------------------------------------------------
+
+    def arrive(self, req_id: str) -> None:
+        assert req_id not in self.active
+        self.active[req_id] = FakeRequest(req_id=req_id)
+        self.feed(RequestArrived(req_id=req_id))
+
+    def schedule(self, advance: Iterable[str], *, next_step_blocks: int, dt_s: float = 0.01) -> int:
+        """One engine step: each named active request computes one more chunk
+        (allocating blocks; a request that cannot get blocks is skipped).
+        Offers its range, then reports the step. Returns scheduled tokens."""
+        self.time_s += dt_s
+        self.step_metadata = []
+        allocated: list[int] = []
+        offers: list[CandidateOffered] = []
+        for req_id in advance:
+            req = self.active[req_id]
+            blocks = self.pool.allocate(self.chunk_blocks)
+            if blocks is None:
+                continue
+            hashes = tuple(self.pool.fill(b) for b in blocks)
+            start = req.tokens
+            req.blocks.extend(blocks)
+            req.tokens += self.chunk_blocks * self.block_tokens
+            req.snapshots[start] = dict(zip(blocks, hashes, strict=True))
+            allocated.extend(blocks)
+            offers.append(
+                CandidateOffered(req_id=req_id, start_token=start, end_token=req.tokens,
+                                 block_ids=tuple(blocks), block_hashes=hashes,
+                                 time_s=self.time_s)
+            )
+        tokens = len(offers) * self.chunk_blocks * self.block_tokens
+        for offer in offers:
+            self.feed(offer)
+        depth = window_depth(self.state, scheduled_tokens=tokens,
+                             allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
+        window = self.pool.window(min(depth, len(self.pool.free)))
+        reallocated = tuple(
+            (b, self.pool.hashes[b]) for b in allocated if watches(self.state, b)
+        )
+        self.feed(
+            StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
+                          next_step_blocks=next_step_blocks, free_blocks=len(self.pool.free),
+                          window_block_ids=window if tokens else (),
+                          reallocated=reallocated if tokens else (), time_s=self.time_s)
+        )
+        return tokens
+
+    def finish(self, req_id: str) -> None:
+        req = self.active.pop(req_id)
+        self.finished[req_id] = req
+        self.feed(RequestFinished(req_id=req_id, free_blocks=len(self.pool.free)))
+        self.pool.release(reversed(req.blocks))
+
+    def preempt(self, req_id: str) -> None:
+        req = self.active[req_id]
+        self.feed(RequestPreempted(req_id=req_id))
+        self.pool.release(reversed(req.blocks))
+        self.active[req_id] = FakeRequest(req_id=req_id)
+        self.feed(RequestArrived(req_id=req_id))
+
+    def receipts(self, completed: dict[str, int], failed: Iterable[str] = ()) -> None:
+        self.feed(ReceiptsArrived(completed=tuple(completed.items()), failed=tuple(failed)))
+
+    def settle_all(self) -> None:
+        """Every worker reports every in-flight store as completed."""
+        world_size = self.state.world_size
+        while self.in_flight:
+            pending = dict.fromkeys(self.in_flight, world_size)
+            self.in_flight.clear()
+            self.receipts(pending)
+
+    def reset_cache(self) -> None:
+        self.pool.reset_hashes()
+        self.feed(PrefixCacheReset())
+
+    def shutdown(self) -> None:
+        self.feed(ShutdownRequested())
+
+    # -- outside checks ---------------------------------------------------
+
+    def _snapshot(self, req_id: str) -> dict[int, int | None]:
+        req = self.active.get(req_id) or self.finished.get(req_id)
+        if req is None:
+            return {}
+        merged: dict[int, int | None] = {}
+        for snap in req.snapshots.values():
+            merged.update(snap)
+        return merged
+
+    def _check_submit(self, command: SubmitStore) -> None:
+        snapshot = self._snapshot(command.req_id)
+        for block_id in command.block_ids:
+            if self.pool.ref_cnt[block_id] == 0 or block_id not in self.pins:
+                self.violations.append(f"{command}: block {block_id} submitted unprotected")
+            if block_id in snapshot and self.pool.hashes[block_id] != snapshot[block_id]:
+                self.violations.append(f"{command}: block {block_id} is stale")
+
+    def _check_drop(self, decision: OpsDropped) -> None:
+        if decision.cause not in (DropCause.EVICTED, DropCause.STALE) or decision.block_id < 0:
+            return
+        snapshot = self._snapshot(decision.req_id)
+        block_id = decision.block_id
+        if block_id in snapshot and self.pool.hashes[block_id] == snapshot[block_id]:
+            self.violations.append(f"{decision}: block {block_id} was intact")
