@@ -14,6 +14,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_max_drain_per_step`` ``64``            integer >= 1 (EA)
 ``lmcache.mp.lazy_offload_max_deferral_seconds`` ``0``           finite number >= 0 (EA)
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
+``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5600``
 =============================================  ================  ===========================
 
 Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
@@ -69,6 +70,7 @@ class OffloadConfig:
     max_drain_per_step: int = 64
     max_deferral_seconds: float = 0.0
     log_dir: str | None = None
+    log_pub_endpoint: str = ""
 
     def describe(self) -> str:
         """The knobs that matter for the configured policy, for the start-up log line."""
@@ -90,6 +92,7 @@ class OffloadConfig:
             f"{PREFIX}_max_drain_per_step": self.max_drain_per_step,
             f"{PREFIX}_max_deferral_seconds": self.max_deferral_seconds,
             f"{PREFIX}_log_dir": self.log_dir if self.log_dir is not None else "",
+            f"{PREFIX}_log_pub_endpoint": self.log_pub_endpoint,
         }
 
 
@@ -169,6 +172,14 @@ _PARSERS = {
     ),
     f"{PREFIX}_log_dir": ("log_dir", _log_dir),
 }
+
+def _endpoint(key: str, value: object) -> str:
+    if isinstance(value, str) and (value == "" or "://" in value):
+        return value
+    raise ConfigError(key, value, 'a ZeroMQ endpoint such as "tcp://127.0.0.1:5600", or ""')
+
+
+_PARSERS[f"{PREFIX}_log_pub_endpoint"] = ("log_pub_endpoint", _endpoint)
 
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
 
