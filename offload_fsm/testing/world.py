@@ -89,7 +89,7 @@ class FakePool:
                     self.free.move_to_end(block_id, last=False)
 
     def window(self, depth: int) -> tuple[int, ...]:
-        out = []
+        out: list[int] = []
         for block_id in self.free:
             if len(out) >= depth:
                 break
