@@ -134,6 +134,8 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         state.step_index,
         state.ema_blocks,
         state.depth_blocks,
+        state.next_step_blocks,
+        state.reserve_blocks,
         state.time_s,
         state.next_op_id,
         state.next_batch_id,

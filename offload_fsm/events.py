@@ -60,6 +60,8 @@ class StepScheduled:
       scheduled_tokens: total tokens scheduled this step (0 = empty step).
       allocated_blocks: gross count of block ids newly handed out this step.
       next_step_blocks: feed-forward estimate of next step's allocation.
+      scheduled_requests: requests scheduled this step; each may need one
+        more block next step (the reserve the pin budget keeps free).
       free_blocks: length of vLLM's free queue after this step's allocation.
       window_block_ids: the first ``window_depth(...)`` block ids of the free
         queue from the eviction head (rank 0 first), as the connector read them.
@@ -73,6 +75,7 @@ class StepScheduled:
     scheduled_tokens: int
     allocated_blocks: int
     next_step_blocks: int
+    scheduled_requests: int
     free_blocks: int
     window_block_ids: tuple[int, ...]
     reallocated: tuple[tuple[int, BlockHash], ...]

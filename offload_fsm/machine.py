@@ -308,7 +308,7 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
 def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     tag = event.TAG
     if min(event.scheduled_tokens, event.allocated_blocks, event.next_step_blocks,
-           event.free_blocks) < 0:
+           event.scheduled_requests, event.free_blocks) < 0:
         raise InvalidEvent(tag, None, f"negative count in {event!r}")
     if event.time_s < state.time_s:
         raise InvalidEvent(tag, None, f"time went back from {state.time_s} to {event.time_s}")
@@ -340,6 +340,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     state.time_s = event.time_s
     state.free_blocks = event.free_blocks
     state.next_step_blocks = event.next_step_blocks
+    state.reserve_blocks = event.scheduled_requests
     if state.config.policy is Policy.FIFO:
         _apply_plan(state, plan_fifo(state), out)
         return
@@ -351,7 +352,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     _apply_reallocations(state, event.reallocated, out)
     ctx = StepContext(
         ops_left=state.config.max_drain_per_step,
-        pin_headroom_blocks=max(0, event.free_blocks - event.next_step_blocks),
+        pin_headroom_blocks=max(0, event.free_blocks - event.scheduled_requests),
         depth_blocks=state.depth_blocks,
         window_seen=set(event.window_block_ids),
     )
@@ -593,7 +594,7 @@ def _maybe_shield(state: State, rec: RequestState, free_blocks: int, out: _Emit)
     can reallocate them before any drain sees them. Protect them now, unless
     the free queue cannot spare them for the next step (pin budget)."""
     depth = state.depth_blocks
-    if depth == 0 or free_blocks >= depth or free_blocks < state.next_step_blocks:
+    if depth == 0 or free_blocks >= depth or free_blocks < state.reserve_blocks:
         return
     ops = [op for op in rec.ops if not op.pinned]
     block_ids = tuple(b for op in ops for b in op.block_ids)

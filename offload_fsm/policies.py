@@ -26,9 +26,12 @@ EVICTION_AWARE (LMCache G3 semantics, plus three rules of ours):
   before everything (-1): their blocks are already pinned, so storing them
   costs no free blocks and releases pins soonest.
 * Ours: the *pin budget*. Protecting a block that sits in the free queue takes
-  it away from the next ``schedule()``; a plan may take at most
-  ``free_blocks - next_step_blocks`` such blocks per step, so lazy pins never
-  starve the next step's allocation (upstream's pins raised preemptions).
+  it away from the next ``schedule()``. vLLM preempts only when a *running*
+  request cannot get its next block, and a running request needs at most one
+  new block per decode step; so a plan may take at most
+  ``free_blocks - scheduled_requests`` such blocks per step, keeping one free
+  block per running request (upstream's unbudgeted pins raised preemptions).
+  New requests that do not fit simply wait, which costs no recomputation.
   A block counts as queued when it is in the window or belongs to a finished
   request (conservative for shared prefix blocks).
 * Ours: the *pin cascade*. Selections made from the window pin window blocks,

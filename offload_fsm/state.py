@@ -145,6 +145,7 @@ class State:
     ema_blocks: float | None = None
     depth_blocks: int = 0
     next_step_blocks: int = 0
+    reserve_blocks: int = 0  # blocks the next step's running requests may need
     free_blocks: int = 0
     requests: dict[str, RequestState] = attrs.Factory(dict)
     pending: dict[str, RequestState] = attrs.Factory(dict)  # has buffered ops, in entry order

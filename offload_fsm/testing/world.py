@@ -216,7 +216,8 @@ class World:
         )
         self.feed(
             StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
-                          next_step_blocks=next_step_blocks, free_blocks=len(self.pool.free),
+                          next_step_blocks=next_step_blocks,
+                          scheduled_requests=len(offers), free_blocks=len(self.pool.free),
                           window_block_ids=window if tokens else (),
                           reallocated=reallocated if tokens else (), time_s=self.time_s)
         )

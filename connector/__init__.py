@@ -1,0 +1,20 @@
+"""connector: the vLLM KV connector shell around ``offload_fsm``.
+
+Load it in vLLM with ``"kv_connector": "EventSourcedLMCacheMPConnector",
+"kv_connector_module_path": "connector"`` (or by name alone once the
+``vllm.general_plugins`` entry point has registered it). The class is
+imported lazily so the log writer and tests can import this package without
+vLLM.
+"""
+
+from typing import Any
+
+__all__ = ["EventSourcedLMCacheMPConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EventSourcedLMCacheMPConnector":
+        from connector.lmcache_connector import EventSourcedLMCacheMPConnector
+
+        return EventSourcedLMCacheMPConnector
+    raise AttributeError(f"module 'connector' has no attribute {name!r}")
