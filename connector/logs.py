@@ -10,6 +10,7 @@ offload threshold: 20``) appear verbatim. Keys are stable snake_case.
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -17,7 +18,7 @@ import structlog
 LOGGER_NAME = "vllm.lazy_offload"
 
 
-def _render(_logger: Any, _method: str, event_dict: dict[str, Any]) -> str:
+def _render(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> str:
     event = event_dict.pop("event", "")
     event_dict.pop("level", None)
     if not event_dict:
