@@ -171,6 +171,7 @@ class Harness:
     def restart(self, req_id: str) -> None:
         """The request restarts from token 0 (preemption / id reuse)."""
         self._next_start.pop(req_id, None)
+        self.blocks_of.pop(req_id, None)
 
     def tick(
         self,
