@@ -1,0 +1,164 @@
+"""Configuration parsing: spec defaults, accepted spellings, and one
+ConfigError naming key, value and what is allowed for every bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from offload_fsm import ConfigError, OffloadConfig, Policy, parse_config
+
+P = "lmcache.mp.lazy_offload"
+
+
+def test_defaults_match_the_spec() -> None:
+    config = parse_config({})
+    assert config == OffloadConfig()
+    assert config.enabled is False
+    assert config.policy is Policy.EVICTION_AWARE
+    assert config.threshold == 100
+    assert config.select_count == 10
+    assert config.horizon_steps == 2.5
+    assert config.max_drain_per_step == 64
+    assert config.max_deferral_seconds == 0.0
+
+
+def test_spec_example_enables_fifo_20_10() -> None:
+    config = parse_config({
+        "lmcache.mp.host": "localhost",
+        "lmcache.mp.port": 5555,
+        f"{P}": True,
+        f"{P}_policy": "FIFO",
+        f"{P}_threshold": 20,
+        f"{P}_select_count": 10,
+    })
+    assert (config.enabled, config.policy, config.threshold, config.select_count) == (
+        True, Policy.FIFO, 20, 10)
+
+
+def test_native_and_json_string_numbers_give_equal_configs() -> None:
+    native = parse_config({
+        f"{P}_horizon_steps": 4.0, f"{P}_max_drain_per_step": 8,
+        f"{P}_max_deferral_seconds": 1.5, f"{P}_threshold": 20, f"{P}_select_count": 3,
+    })
+    strings = parse_config({
+        f"{P}_horizon_steps": "4", f"{P}_max_drain_per_step": "8",
+        f"{P}_max_deferral_seconds": "1.5", f"{P}_threshold": "20", f"{P}_select_count": "3",
+    })
+    assert native == strings
+    assert (native.horizon_steps, native.max_drain_per_step, native.max_deferral_seconds) == (
+        4.0, 8, 1.5)
+
+
+def test_integral_float_is_accepted_for_a_count() -> None:
+    assert parse_config({f"{P}_threshold": 8.0}).threshold == 8
+
+
+def test_zero_deferral_is_allowed() -> None:
+    assert parse_config({f"{P}_max_deferral_seconds": 0}).max_deferral_seconds == 0.0
+
+
+def test_policy_names() -> None:
+    assert parse_config({f"{P}_policy": "EVICTION_AWARE"}).policy is Policy.EVICTION_AWARE
+    assert parse_config({f"{P}_policy": "FIFO"}).policy is Policy.FIFO
+
+
+def test_keys_outside_the_family_are_ignored() -> None:
+    config = parse_config({
+        "lmcache.mp.host": "localhost",
+        "lmcache.mp.port": "not even a number",
+        "lmcache.mp.lazy": "x",  # not the lazy_offload family
+        "something_else": object(),
+    })
+    assert config == OffloadConfig()
+
+
+BAD = [
+    # key suffix, value, words of the allowed text
+    ("_threshold", 0, "integer >= 1"),
+    ("_threshold", -5, "integer >= 1"),
+    ("_select_count", 0, "integer >= 1"),
+    ("_select_count", "-1", "integer >= 1"),
+    ("_max_drain_per_step", 0, "integer >= 1"),
+    ("_max_drain_per_step", 8.9, "integer >= 1"),
+    ("_max_drain_per_step", "8.9", "integer >= 1"),
+    ("_threshold", 8.9, "integer >= 1"),
+    ("_select_count", True, "integer >= 1"),
+    ("_threshold", "twenty", "integer >= 1"),
+    ("_threshold", math.inf, "integer >= 1"),
+    ("_max_drain_per_step", "inf", "integer >= 1"),
+    ("_select_count", math.nan, "integer >= 1"),
+    ("_horizon_steps", 0, "finite number > 0"),
+    ("_horizon_steps", -1.0, "finite number > 0"),
+    ("_horizon_steps", math.nan, "finite number > 0"),
+    ("_horizon_steps", "nan", "finite number > 0"),
+    ("_horizon_steps", math.inf, "finite number > 0"),
+    ("_horizon_steps", "inf", "finite number > 0"),
+    ("_horizon_steps", "2.5 steps", "finite number > 0"),
+    ("_horizon_steps", None, "finite number > 0"),
+    ("_max_deferral_seconds", -0.5, "finite number >= 0"),
+    ("_max_deferral_seconds", "-inf", "finite number >= 0"),
+    ("_max_deferral_seconds", math.nan, "finite number >= 0"),
+    ("", "true", "JSON boolean"),
+    ("", "false", "JSON boolean"),
+    ("", 1, "JSON boolean"),
+    ("", None, "JSON boolean"),
+    ("_policy", "LRU", "one of EVICTION_AWARE, FIFO"),
+    ("_policy", "", "one of EVICTION_AWARE, FIFO"),
+    ("_policy", 1, "one of EVICTION_AWARE, FIFO"),
+]
+
+
+@pytest.mark.parametrize(("suffix", "value", "allowed"), BAD)
+def test_bad_value_raises_config_error_naming_key_value_and_allowed(
+    suffix: str, value: object, allowed: str
+) -> None:
+    key = P + suffix
+    with pytest.raises(ConfigError) as raised:
+        parse_config({key: value})
+    error = raised.value
+    assert error.key == key
+    assert error.value is value or error.value == value
+    assert allowed in error.allowed
+    message = str(error)
+    assert key in message and repr(value) in message and allowed in message
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggestion"),
+    [
+        (f"{P}_max_drain_per_stp", f"{P}_max_drain_per_step"),
+        (f"{P}_treshold", f"{P}_threshold"),
+        (f"{P}_selectcount", f"{P}_select_count"),
+        (f"{P}_horizon", f"{P}_horizon_steps"),
+        (f"{P}_polcy", f"{P}_policy"),
+        (f"{P}_max_deferal_seconds", f"{P}_max_deferral_seconds"),
+    ],
+)
+def test_unknown_key_in_the_family_suggests_the_closest_key(typo: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config({typo: 8})
+    error = raised.value
+    assert error.key == typo and error.value == 8
+    assert f"did you mean {suggestion!r}?" in str(error)
+
+
+def test_upstream_g2_key_is_rejected_not_silently_ignored() -> None:
+    with pytest.raises(ConfigError, match="min_prefix_tokens"):
+        parse_config({f"{P}_min_prefix_tokens": 0})
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="config._positive_int: str.isdigit() accepts Unicode digits such as '²' "
+    "that int() rejects, so a plain ValueError escapes instead of ConfigError",
+)
+def test_unicode_digit_string_for_a_count_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config({f"{P}_threshold": "²"})
+    assert raised.value.key == f"{P}_threshold"

@@ -1,0 +1,77 @@
+"""Determinism: the same events give the same decisions, commands and state
+digest, step by step, in any state instance and any process (hash seed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offload_fsm import Policy, check_all, new_state, state_digest, step
+from offload_fsm.decisions import OpsDropped, OpsSelected, StoreSettled, StoreSubmitted
+from offload_fsm.events import HashesRead, StepScheduled
+
+from .helpers import random_world_run
+
+REPO = Path(__file__).resolve().parents[2]
+ACTIONS = 3000
+SEEDS = {Policy.EVICTION_AWARE: 20240611, Policy.FIFO: 7}
+
+
+@pytest.fixture(scope="module", params=[Policy.EVICTION_AWARE, Policy.FIFO],
+                ids=lambda p: p.value)
+def recorded(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    policy = request.param
+    world = random_world_run(policy, SEEDS[policy], ACTIONS)
+    assert world.violations == []
+    assert check_all(world.state) == []
+    return policy, world
+
+
+def test_the_random_driver_exercises_the_machine(recorded) -> None:  # type: ignore[no-untyped-def]
+    _policy, world = recorded
+    events = [event for event, _ in world.applied]
+    decisions = [d for _, outcome in world.applied for d in outcome.decisions]
+    assert len(events) >= 4000
+    assert sum(isinstance(e, StepScheduled) for e in events) > 600
+    assert sum(isinstance(e, HashesRead) for e in events) > 20
+    for kind in (OpsSelected, StoreSubmitted, StoreSettled, OpsDropped):
+        assert any(isinstance(d, kind) for d in decisions), kind.__name__
+
+
+def test_same_events_give_same_outcomes_and_digests_at_every_step(recorded) -> None:  # type: ignore[no-untyped-def]
+    policy, world = recorded
+    config = world.state.config
+    first = new_state(config, world_size=world.state.world_size)
+    second = new_state(config, world_size=world.state.world_size)
+    for index, (event, original) in enumerate(world.applied):
+        one = step(first, event)
+        two = step(second, event)
+        assert one == two == original, f"{policy.value} event #{index}: {event!r}"
+        assert state_digest(first) == state_digest(second), f"event #{index}: {event!r}"
+    assert state_digest(first) == state_digest(world.state)
+
+
+def _digest_in_subprocess(policy: Policy, hash_seed: str) -> str:
+    script = (
+        "from offload_fsm import Policy, state_digest\n"
+        "from tests.offload_fsm.helpers import random_world_run\n"
+        f"world = random_world_run(Policy.{policy.name}, {SEEDS[policy]}, {ACTIONS})\n"
+        "assert world.violations == []\n"
+        "print(state_digest(world.state), len(world.applied))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_final_digest_does_not_depend_on_the_hash_seed(recorded) -> None:  # type: ignore[no-untyped-def]
+    policy, world = recorded
+    here = f"{state_digest(world.state)} {len(world.applied)}"
+    assert _digest_in_subprocess(policy, "0") == here
+    assert _digest_in_subprocess(policy, "4242") == here
