@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offload_fsm import LogCorrupt, decode, encode
@@ -135,6 +135,7 @@ def builds(cls: type) -> st.SearchStrategy[Any]:
 
 @pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
 def test_every_type_round_trips(cls: type) -> None:
+    @settings(max_examples=300)  # per type; 25 types
     @given(builds(cls))
     def round_trip(message: Any) -> None:
         data = encode(message)

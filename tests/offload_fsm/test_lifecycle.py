@@ -362,6 +362,13 @@ def test_request_with_nothing_buffered_ends_its_session_at_finish() -> None:
     assert "short" not in h.state.requests
 
 
+def test_finish_of_a_request_that_never_arrived_ends_its_session() -> None:
+    h = fifo_now()
+    result = h.finish("aborted-before-lookup")
+    assert [c.req_id for c in result.of(EndSession)] == ["aborted-before-lookup"]
+    assert h.state.requests == {}
+
+
 def test_session_ends_once_after_buffer_and_batch_are_gone() -> None:
     h = fifo_now()
     h.arrive("a")
