@@ -5,10 +5,15 @@ Contract towards the caller (the vLLM scheduler thread)
 -------------------------------------------------------
 * :meth:`EventRecorder.record` takes what ``offload_fsm.drive`` returned
   (``[(event, outcome), ...]``, observation first) and the state after it. It
-  numbers the events (``seq`` from 0, no holes), stamps ``time.time()`` and
-  enqueues the *immutable objects* on an :class:`~connector.eventlog.EventLogWriter`;
-  encoding, framing, writing and publishing happen on the writer thread. The
-  list must not be mutated afterwards. Every ``digest_every`` events it also
+  numbers the events (``seq`` from 0, no holes) and collects the *immutable
+  objects* of one scheduler step; the callback that applies a
+  ``StepScheduled`` (or ``batch_events`` events) closes the batch, which is
+  stamped with ``time.time()`` and enqueued on an
+  :class:`~connector.eventlog.EventLogWriter` as one INPUTS record. Encoding,
+  framing, writing and publishing happen on the writer thread. One record per
+  step amortises the 12 framing bytes and the envelope over a step's events
+  and keeps the reader's per-record work small; the price is that a crash
+  also loses the open step's events, which were not yet queued. Every ``digest_every`` events it also
   enqueues ``codec.state_digest(state)``, computed here because the state is
   mutated by the next ``step``.
 * It never blocks and never raises because of the log: overload drops records
@@ -19,8 +24,7 @@ Contract towards the caller (the vLLM scheduler thread)
   last record, which the reader reports and skips.
 * ``directory=None`` disables recording: :meth:`record` returns at once.
 
-Wire format: :mod:`offload_fsm.logformat`. One INPUTS record per ``record``
-call; each file starts with a header (config, policy, world size, versions)
+Wire format: :mod:`offload_fsm.logformat`; each file starts with a header (config, policy, world size, versions)
 so that a log alone is enough to replay it.
 """
 
@@ -34,7 +38,7 @@ from typing import Any
 from connector.eventlog import EventLogWriter
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
-from offload_fsm.events import Event
+from offload_fsm.events import Event, StepScheduled
 from offload_fsm.framing import frame
 from offload_fsm.logformat import (
     DIGEST,
@@ -181,12 +185,17 @@ class EventRecorder:
         pub_endpoint: str = "",
         digest_every: int = 1000,
         full_outcomes: bool = False,
+        batch_events: int = 256,
         prefix: str | None = None,
         queue_max_items: int = 65536,
         max_file_bytes: int = 256 * 1024 * 1024,
         register_atexit: bool = True,
     ) -> None:
         self._seq = 0
+        self._batch: list[tuple[Event, Outcome]] = []
+        self._batch_seq = 0
+        self._batch_wall_s = 0.0
+        self._batch_events = batch_events
         self._digest_every = digest_every
         self._next_digest = digest_every if digest_every > 0 else -1
         self._writer: EventLogWriter | None = None
@@ -224,16 +233,30 @@ class EventRecorder:
         return self._encoder.pub_dropped if self._encoder is not None else 0
 
     def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
-        """Enqueue one callback's applied events (and a digest when one is due)."""
+        """Buffer one callback's applied events; enqueue the batch at the end of
+        a scheduler step (and a digest when one is due)."""
         writer = self._writer
         if writer is None or not applied:
             return
-        seq = self._seq
-        self._seq = end = seq + len(applied)
-        writer.append((INPUTS, seq, time.time(), applied))
+        batch = self._batch
+        if not batch:
+            self._batch_wall_s = time.time()
+        batch.extend(applied)
+        self._seq = end = self._seq + len(applied)
+        if type(applied[0][0]) is StepScheduled or len(batch) >= self._batch_events:
+            writer.append((INPUTS, self._batch_seq, self._batch_wall_s, batch))
+            self._batch = []
+            self._batch_seq = end
         if end >= self._next_digest > 0:
             self._next_digest = end + self._digest_every
+            self._flush_batch(writer)
             writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+
+    def _flush_batch(self, writer: EventLogWriter) -> None:
+        if self._batch:
+            writer.append((INPUTS, self._batch_seq, self._batch_wall_s, self._batch))
+            self._batch = []
+            self._batch_seq = self._seq
 
     def close(self, state: State | None = None) -> None:
         """Write END (with the final digest if ``state`` is given), flush, close."""
@@ -241,6 +264,7 @@ class EventRecorder:
         if writer is None:
             return
         self._writer = None
+        self._flush_batch(writer)
         digest = state_digest(state) if state is not None else ""
         writer.append((END, self._seq, time.time(), digest))
         writer.close()
