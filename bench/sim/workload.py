@@ -1,0 +1,173 @@
+"""Seeded, deterministic workload generator for the scheduler-in-the-loop simulator.
+
+A workload is a list of *sessions*. Each session is a sequence of *turns*; turn k+1's
+prompt is turn k's prompt + turn k's output + a new user/tool message, so later turns
+share a long prefix with earlier ones. A turn is released ``pause_steps`` simulator
+steps after the previous turn of its session finished (closed loop, so every arm sees
+the same content and the same relative timing). Three session kinds:
+
+* ``chat``: one of a few long shared system prompts, a short user message, 2-8 turns,
+  decode lengths from a lognormal, pauses of tens to hundreds of steps.
+* ``agent``: a longer shared system prompt, many turns with tool outputs appended,
+  short decodes, short pauses.
+* ``burst``: a single-turn unique long prompt, arriving in bursts; a share of them
+  repeat an earlier burst prompt after a delay (a session with two identical turns).
+
+Everything is drawn from one ``random.Random(seed)``: the same seed and parameters give
+the same tokens, lengths, arrivals and pauses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+VOCAB = 32000
+
+
+@dataclass
+class Turn:
+    new_tokens: list[int]  # appended to the conversation before this turn's prompt
+    decode_len: int
+    out_tokens: list[int]
+    pause_steps: int  # after the previous turn finished (or session start for turn 0)
+    repeat_whole_prompt: bool = False  # burst repeat: same prompt as turn 0, no history
+
+
+@dataclass
+class Session:
+    sid: int
+    kind: str
+    start_step: int
+    turns: list[Turn] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    name: str
+    seed: int
+    n_chat: int
+    n_agent: int
+    n_burst: int
+    arrival_window_steps: int  # sessions start uniformly in [0, window)
+    n_system_prompts: int = 4
+    chat_system_tokens: tuple[int, int] = (1024, 3072)
+    agent_system_tokens: tuple[int, int] = (3072, 6144)
+    chat_turns: tuple[int, int] = (2, 8)
+    agent_turns: tuple[int, int] = (5, 16)
+    chat_user_tokens: tuple[int, int] = (40, 400)
+    agent_tool_tokens: tuple[int, int] = (150, 1500)
+    chat_decode_median: int = 160
+    agent_decode_median: int = 60
+    burst_prompt_tokens: tuple[int, int] = (2048, 8192)
+    burst_decode_median: int = 40
+    burst_repeat_share: float = 0.25
+    burst_size: int = 12
+    chat_pause_steps: tuple[int, int] = (30, 400)
+    agent_pause_steps: tuple[int, int] = (2, 40)
+    burst_repeat_delay_steps: tuple[int, int] = (100, 800)
+    max_context_tokens: int = 30000
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
+
+
+def _toks(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def _lognormal_int(rng: random.Random, median: int, sigma: float = 0.6, lo: int = 4,
+                   hi: int = 2048) -> int:
+    return max(lo, min(hi, int(round(median * math.exp(rng.gauss(0.0, sigma))))))
+
+
+def generate(p: WorkloadParams) -> list[Session]:
+    rng = random.Random(p.seed)
+    chat_sys = [_toks(rng, rng.randint(*p.chat_system_tokens)) for _ in range(p.n_system_prompts)]
+    agent_sys = [_toks(rng, rng.randint(*p.agent_system_tokens))
+                 for _ in range(max(1, p.n_system_prompts // 2))]
+    sessions: list[Session] = []
+    sid = 0
+
+    def context_ok(used: int, add: int, dec: int) -> bool:
+        return used + add + dec < p.max_context_tokens
+
+    for _ in range(p.n_chat):
+        s = Session(sid, "chat", rng.randrange(p.arrival_window_steps))
+        sid += 1
+        system = rng.choice(chat_sys)
+        used = len(system)
+        for k in range(rng.randint(*p.chat_turns)):
+            new = (system if k == 0 else []) + _toks(rng, rng.randint(*p.chat_user_tokens))
+            dec = _lognormal_int(rng, p.chat_decode_median)
+            if not context_ok(used, len(new) - (len(system) if k == 0 else 0), dec):
+                break
+            used += len(new) - (len(system) if k == 0 else 0) + dec
+            pause = 0 if k == 0 else rng.randint(*p.chat_pause_steps)
+            s.turns.append(Turn(new, dec, _toks(rng, dec), pause))
+        sessions.append(s)
+
+    for _ in range(p.n_agent):
+        s = Session(sid, "agent", rng.randrange(p.arrival_window_steps))
+        sid += 1
+        system = rng.choice(agent_sys)
+        used = len(system)
+        for k in range(rng.randint(*p.agent_turns)):
+            n_new = rng.randint(*p.chat_user_tokens) if k == 0 else rng.randint(*p.agent_tool_tokens)
+            new = (system if k == 0 else []) + _toks(rng, n_new)
+            dec = _lognormal_int(rng, p.agent_decode_median)
+            if not context_ok(used, n_new, dec):
+                break
+            used += n_new + dec
+            pause = 0 if k == 0 else rng.randint(*p.agent_pause_steps)
+            s.turns.append(Turn(new, dec, _toks(rng, dec), pause))
+        sessions.append(s)
+
+    n_bursts = max(1, math.ceil(p.n_burst / p.burst_size))
+    burst_starts = sorted(rng.randrange(p.arrival_window_steps) for _ in range(n_bursts))
+    for i in range(p.n_burst):
+        start = burst_starts[i // p.burst_size] + rng.randrange(4)
+        s = Session(sid, "burst", start)
+        sid += 1
+        prompt = _toks(rng, rng.randint(*p.burst_prompt_tokens))
+        dec = _lognormal_int(rng, p.burst_decode_median)
+        s.turns.append(Turn(prompt, dec, _toks(rng, dec), 0))
+        if rng.random() < p.burst_repeat_share:
+            dec2 = _lognormal_int(rng, p.burst_decode_median)
+            s.turns.append(Turn([], dec2, _toks(rng, dec2),
+                                rng.randint(*p.burst_repeat_delay_steps),
+                                repeat_whole_prompt=True))
+        sessions.append(s)
+    sessions.sort(key=lambda x: (x.start_step, x.sid))
+    return sessions
+
+
+def summarize(sessions: list[Session]) -> str:
+    turns = sum(len(s.turns) for s in sessions)
+    new_tokens = sum(len(t.new_tokens) for s in sessions for t in s.turns)
+    dec = sum(t.decode_len for s in sessions for t in s.turns)
+    kinds: dict[str, int] = {}
+    for s in sessions:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    return (f"sessions={len(sessions)} {kinds} requests={turns} new_prompt_tokens={new_tokens} "
+            f"decode_tokens={dec}")
+
+
+# Named presets. ``scale`` multiplies session counts; pools are chosen per preset.
+PRESETS = {
+    "multiturn": dict(n_chat=60, n_agent=30, n_burst=0),
+    "burst": dict(n_chat=10, n_agent=0, n_burst=96),
+}
+
+
+def make_params(preset: str, scale: float, seed: int, window: int) -> WorkloadParams:
+    base = PRESETS[preset]
+    return WorkloadParams(
+        name=preset,
+        seed=seed,
+        n_chat=int(base["n_chat"] * scale),
+        n_agent=int(base["n_agent"] * scale),
+        n_burst=int(base["n_burst"] * scale),
+        arrival_window_steps=window,
+    )

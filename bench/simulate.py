@@ -1,0 +1,183 @@
+"""Scheduler-in-the-loop simulator: every arm side by side on the same traces.
+
+    python -m bench.simulate --scale small     # a few minutes on 2 cores
+    python -m bench.simulate --scale full      # the issue's scale (see bench/README.md)
+
+Prints the seed and every parameter first, then one table per (workload, pool) config
+(arms as rows), then the loss-mechanism table and the targets check. Metric definitions:
+bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+from bench.sim.engine import ArmResult, ArmSpec, SimParams, _pctl, run_arm
+from bench.sim.workload import generate, make_params, summarize
+
+LAZY = ("lmcache.mp.lazy_offload", True)
+
+
+def arms(log_dir: str) -> list[ArmSpec]:
+    ea = ("lmcache.mp.lazy_offload_policy", "EVICTION_AWARE")
+    fifo = ("lmcache.mp.lazy_offload_policy", "FIFO")
+    log = ("lmcache.mp.lazy_offload_log_dir", log_dir)
+    return [
+        ArmSpec("none", "none"),
+        ArmSpec("stock eager", "stock", (("lmcache.mp.lazy_offload", False),)),
+        ArmSpec("stock EA", "stock", (LAZY, ea)),
+        ArmSpec("stock FIFO 100/10", "stock", (LAZY, fifo,
+                                               ("lmcache.mp.lazy_offload_threshold", 100),
+                                               ("lmcache.mp.lazy_offload_select_count", 10))),
+        ArmSpec("stock FIFO 20/10", "stock", (LAZY, fifo,
+                                              ("lmcache.mp.lazy_offload_threshold", 20),
+                                              ("lmcache.mp.lazy_offload_select_count", 10))),
+        ArmSpec("ours EA", "ours", (LAZY, ea, log)),
+        ArmSpec("ours FIFO 20/10", "ours", (LAZY, fifo, log,
+                                            ("lmcache.mp.lazy_offload_threshold", 20),
+                                            ("lmcache.mp.lazy_offload_select_count", 10))),
+    ]
+
+
+# (workload preset, session scale, arrival window steps, pool label, num_gpu_blocks, max_num_seqs)
+SCALES = {
+    "small": [
+        ("multiturn", 1.0, 600, "tight", 3000, 256),
+        ("multiturn", 1.0, 600, "roomy", 16000, 256),
+        ("burst", 1.0, 600, "tight", 3000, 256),
+    ],
+    "full": [
+        ("multiturn", 6.0, 1500, "tight", 12000, 1000),
+        ("multiturn", 6.0, 1500, "roomy", 32768, 1000),
+        ("burst", 4.0, 1500, "tight", 8000, 1000),
+    ],
+}
+
+
+def fmt(x: float, nd: int = 3) -> str:
+    return "-" if x != x else f"{x:.{nd}f}"
+
+
+def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
+    led = r.ledger
+    dropped = {k[8:]: v for k, v in led.items() if k.startswith("dropped_") and v}
+    recall = r.recalled / r.needed if r.needed else float("nan")
+    precision = r.useful_written_keys / r.written_keys if r.written_keys else float("nan")
+    wr = (r.chunk_writes / eager.chunk_writes) if eager and eager.chunk_writes else float("nan")
+    tok = [c for c, b in zip(r.conn_ms, r.backlog, strict=True)]
+    return [
+        r.arm,
+        fmt(_pctl(r.sched_ms, 0.5), 2), fmt(_pctl(r.sched_ms, 0.99), 2),
+        fmt(_pctl(tok, 0.5), 3), fmt(_pctl(tok, 0.99), 3),
+        str(r.preemptions),
+        str(led.get("admitted", "-")), str(led.get("submitted", "-")),
+        str(sum(dropped.values())) if led else "-",
+        " ".join(f"{k}:{v}" for k, v in sorted(dropped.items())) or "-",
+        str(led.get("pending", "-")),
+        str(r.chunk_writes), fmt(wr, 2),
+        f"{r.recalled}/{r.needed}", fmt(recall), fmt(precision),
+        str(r.max_backlog), str(r.steps),
+    ]
+
+
+HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "preempt",
+        "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
+        "chunk writes", "writes/eager", "recalled/needed", "recall", "precision",
+        "max backlog", "steps"]
+
+
+def table(rows: list[list[str]], head: list[str]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def bucket_table(results: list[ArmResult]) -> str:
+    head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99", "1000+: n / p50 / p99"]
+    rows = []
+    for r in results:
+        b = r.conn_by_bucket()
+        rows.append([r.arm] + [f"{n} / {fmt(p50)} / {fmt(p99)}" for n, p50, p99 in b.values()])
+    return table(rows, head)
+
+
+def loss_table(results: list[ArmResult]) -> str:
+    mechs = sorted({m for r in results for m in r.losses})
+    head = ["arm"] + mechs
+    rows = [[r.arm] + [str(r.losses.get(m, 0)) for m in mechs] for r in results if r.ledger]
+    return table(rows, head)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--scale", choices=sorted(SCALES), default="small")
+    ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--receipt-delay-steps", type=int, default=1)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--store-failure-rate", type=float, default=0.0)
+    ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    ap.add_argument("--configs", default="", help="comma-separated config indexes (default: all)")
+    ap.add_argument("--json", default="", help="write raw results to this file")
+    a = ap.parse_args(argv)
+    log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
+    all_arms = arms(log_dir)
+    if a.arms:
+        keep = {x.strip() for x in a.arms.split(",")}
+        all_arms = [x for x in all_arms if x.name in keep]
+    configs = SCALES[a.scale]
+    if a.configs:
+        configs = [configs[int(i)] for i in a.configs.split(",")]
+    print(f"# bench.simulate seed={a.seed} scale={a.scale} receipt_delay_steps="
+          f"{a.receipt_delay_steps} world_size={a.world_size} store_failure_rate="
+          f"{a.store_failure_rate} event_log_dir={log_dir}")
+    print("# arms: " + "; ".join(f"{x.name}={dict(x.extra)}" for x in all_arms))
+    dump = []
+    t_all = time.time()
+    for preset, scale, window, pool_label, blocks, seqs in configs:
+        wp = make_params(preset, scale, a.seed, window)
+        sessions = generate(wp)
+        sp = SimParams(num_gpu_blocks=blocks, max_num_seqs=seqs,
+                       receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
+                       store_failure_rate=a.store_failure_rate, seed=a.seed)
+        print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
+              f"(block 32 tokens) max_num_seqs={seqs} max_num_batched_tokens="
+              f"{sp.max_num_batched_tokens} chunk=256")
+        print(f"# workload: {wp.describe()}")
+        print(f"# {summarize(sessions)}")
+        sys.stdout.flush()
+        results: list[ArmResult] = []
+        for arm in all_arms:
+            t0 = time.time()
+            r = run_arm(arm, sessions, sp, log_dir=log_dir)
+            results.append(r)
+            print(f"#   ran {arm.name}: {time.time() - t0:.0f}s wall, {r.steps} steps, "
+                  f"max running {r.max_running}, unfinished sessions {r.unfinished_sessions}",
+                  file=sys.stderr)
+            dump.append({"config": [preset, pool_label, blocks], "arm": arm.name,
+                         "ledger": r.ledger, "losses": r.losses, "needed": r.needed,
+                         "recalled": r.recalled, "writes": r.chunk_writes,
+                         "preemptions": r.preemptions})
+        eager = next((r for r in results if r.arm == "stock eager"), None)
+        print()
+        print(table([row(r, eager) for r in results], HEAD))
+        print("\nconnector time per step by backlog bucket (buffered ops at step start):\n")
+        print(bucket_table(results))
+        print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered op,"
+              " classified at the eviction):\n")
+        print(loss_table(results))
+        sys.stdout.flush()
+    print(f"\n# total wall {time.time() - t_all:.0f}s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dump, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    raise SystemExit(main())
