@@ -106,10 +106,11 @@ def _positive_int(key: str, value: object) -> int:
     allowed = "an integer >= 1"
     if isinstance(value, bool):
         raise ConfigError(key, value, allowed)
+    digits = value.strip().lstrip("+") if isinstance(value, str) else ""
     if isinstance(value, int):
         number = value
-    elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        number = int(value)
+    elif digits.isascii() and digits.isdigit():
+        number = int(digits)
     elif isinstance(value, float) and value.is_integer():  # rejects NaN and inf too
         number = int(value)
     else:

@@ -313,11 +313,11 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     if event.time_s < state.time_s:
         raise InvalidEvent(tag, None, f"time went back from {state.time_s} to {event.time_s}")
     counters = state.counters
-    state.last_step_tokens = event.scheduled_tokens
-    state.selected_in_step = 0
     if event.scheduled_tokens == 0:
         if event.window_block_ids or event.reallocated:
             raise InvalidEvent(tag, None, "an empty step carries a window or reallocations")
+        state.last_step_tokens = 0
+        state.selected_in_step = 0
         counters["empty_steps"] += 1
         return
     expected = min(
@@ -335,6 +335,8 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
             f"window has {len(event.window_block_ids)} blocks, expected {expected} "
             "(min of the danger depth and the free-queue length)",
         )
+    state.last_step_tokens = event.scheduled_tokens
+    state.selected_in_step = 0
     counters["token_steps"] += 1
     state.step_index += 1
     state.time_s = event.time_s

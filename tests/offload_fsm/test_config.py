@@ -153,11 +153,6 @@ def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config._positive_int: str.isdigit() accepts Unicode digits such as '²' "
-    "that int() rejects, so a plain ValueError escapes instead of ConfigError",
-)
 def test_unicode_digit_string_for_a_count_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config({f"{P}_threshold": "²"})

@@ -581,11 +581,6 @@ INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
     ),
 }
 
-# The core writes ``last_step_tokens``/``selected_in_step`` before it checks
-# a step's window (machine._on_step), against its rule "an event is
-# validated before anything is written".
-WRITES_BEFORE_VALIDATING = {"window_of_wrong_length", "empty_step_with_a_window"}
-
 
 def _invalid_setup() -> Harness:
     h = ea_harness()
@@ -609,22 +604,7 @@ def test_invalid_event_raises_naming_the_problem_and_poisons(case: str) -> None:
         step(h.state, RequestArrived(req_id="b"))
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            case,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="machine._on_step writes last_step_tokens/selected_in_step "
-                "before validating the window",
-            ),
-        )
-        if case in WRITES_BEFORE_VALIDATING
-        else case
-        for case in sorted(INVALID)
-    ],
-)
+@pytest.mark.parametrize("case", sorted(INVALID))
 def test_invalid_event_leaves_the_state_unchanged(case: str) -> None:
     h = _invalid_setup()
     if case == "window_of_wrong_length":
