@@ -379,7 +379,8 @@ def _on_finished(state: State, event: RequestFinished, out: _Emit) -> None:
     if rec.phase is Phase.FINISHED:
         raise InvalidEvent(event.TAG, event.req_id, "request finished twice")
     rec.phase = Phase.FINISHED
-    if state.config.policy is Policy.EVICTION_AWARE and rec.ops and rec.batch is None:
+    if state.config.policy is Policy.EVICTION_AWARE and rec.ops:
+        # Even behind an in-flight batch: the shielded ops wait pinned, not exposed.
         _maybe_shield(state, rec, event.free_blocks, out)
     _refresh_ready(state, rec)
     _maybe_end(state, rec, out)
