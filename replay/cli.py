@@ -1,0 +1,250 @@
+"""``lazy-offload-replay`` / ``python -m replay``: verify, explain, summarise,
+what-if and plot a recorded run, or tail a live one.
+
+Exit codes: 0 ok; 1 divergence (verify) or a ledger that does not close
+(summary); 2 usage error (bad arguments, no such log); 3 corruption (a
+damaged record, a lost event, no header). Damage is reported on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from replay import explain as explain_mod
+from replay import summary as summary_mod
+from replay import timeline as timeline_mod
+from replay import whatif as whatif_mod
+from replay.reader import UsageError
+from replay.runner import ReplayResult, config_of, replay
+
+EXIT_OK = 0
+EXIT_DIVERGED = 1
+EXIT_USAGE = 2
+EXIT_CORRUPT = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lazy-offload-replay", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def log_command(name: str, help_text: str, *, json_flag: bool = True
+                    ) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("log", help="a .lolog file or a directory of one run")
+        command.add_argument("--prefix", help="which run, when a directory holds several")
+        if json_flag:
+            command.add_argument("--json", action="store_true", help="machine-readable output")
+        return command
+
+    log_command("verify", "re-run the core and compare every outcome and digest")
+    command = log_command("explain", "the story of one request's store ops")
+    command.add_argument("--request", required=True, help="request id")
+    command.add_argument("--tokens", help="only ops overlapping START:END")
+    command = log_command("summary", "ledger, drop causes, deferral, pinned blocks")
+    command.add_argument("--top", type=int, default=10, help="requests listed by loss")
+    command = log_command("whatif", "re-run the observations under another policy/knobs")
+    command.add_argument("--policy", choices=("FIFO", "EVICTION_AWARE"))
+    command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="a config knob, e.g. max_drain_per_step=32 (repeatable)")
+    command = log_command("timeline", "plot the run per step", json_flag=False)
+    command.add_argument("-o", "--output", required=True, help="FILE.html, FILE.svg or FILE.png")
+    command = sub.add_parser("tail", help="follow a live event stream (ZeroMQ SUB)")
+    command.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5600")
+    command.add_argument("--count", type=int, default=0, help="stop after N records")
+    command.add_argument("--timeout", type=float, default=0.0,
+                         help="stop after S seconds without a record")
+    return parser
+
+
+def _tokens(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        lo, hi = int(start), int(end)
+    except ValueError:
+        raise UsageError(f"--tokens {text!r}: expected START:END") from None
+    if not sep or lo >= hi:
+        raise UsageError(f"--tokens {text!r}: expected START:END with START < END")
+    return lo, hi
+
+
+def _problems(result: ReplayResult) -> list[str]:
+    out = [damage.describe() for damage in result.damage]
+    out += result.lost
+    if result.header is None:
+        out.append("no header record: nothing to replay")
+    return out
+
+
+def _report_damage(result: ReplayResult, err: TextIO) -> int:
+    problems = _problems(result)
+    for problem in problems:
+        print(f"damage: {problem}", file=err)
+    return EXIT_CORRUPT if problems else EXIT_OK
+
+
+def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = replay(args.log, prefix=args.prefix)
+    divergence = result.divergence
+    code = EXIT_DIVERGED if divergence is not None else (
+        EXIT_CORRUPT if _problems(result) else EXIT_OK)
+    if args.json:
+        json.dump({
+            "ok": code == EXIT_OK,
+            "events_applied": result.events_applied,
+            "records": result.records,
+            "digests_checked": result.digests_checked,
+            "ended_cleanly": result.ended_cleanly,
+            "divergence": None if divergence is None else {
+                "seq": divergence.seq, "kind": divergence.kind,
+                "event": repr(divergence.event), "expected": repr(divergence.expected),
+                "got": repr(divergence.got), "detail": divergence.detail,
+            },
+            "problems": _problems(result),
+            "stopped": result.stopped,
+        }, out, indent=2)
+        out.write("\n")
+        return code
+    print(f"{result.events_applied} events replayed from {result.records} records, "
+          f"{result.digests_checked} digests checked"
+          + (", clean end" if result.ended_cleanly else ", no END record"), file=out)
+    if divergence is not None:
+        print(f"DIVERGED at seq {divergence.seq} ({divergence.kind}): {divergence.detail}",
+              file=out)
+        print(f"  event:    {divergence.event!r}", file=out)
+        print(f"  expected: {divergence.expected}", file=out)
+        print(f"  got:      {divergence.got}", file=out)
+    for problem in _problems(result):
+        print(f"damage: {problem}", file=err)
+    if result.stopped and divergence is None:
+        print(f"replay stopped early: {result.stopped}", file=out)
+    if code == EXIT_OK:
+        print("OK: every outcome and digest matches", file=out)
+    return code
+
+
+def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    tokens = _tokens(args.tokens)
+    observer = explain_mod.ExplainObserver(args.request)
+    result = replay(args.log, prefix=args.prefix, observer=observer)
+    data = observer.to_json(tokens)
+    if args.json:
+        json.dump(data, out, indent=2, default=list)
+        out.write("\n")
+    else:
+        print(explain_mod.format_story(data), file=out)
+    code = _report_damage(result, err)
+    if result.divergence is not None:
+        print(f"warning: replay diverged at seq {result.divergence.seq}; the story stops "
+              "there", file=err)
+        code = code or EXIT_DIVERGED
+    return code
+
+
+def _summary(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    observer = summary_mod.SummaryObserver()
+    result = replay(args.log, prefix=args.prefix, observer=observer)
+    if result.state is None:
+        return _report_damage(result, err) or EXIT_CORRUPT
+    data = summary_mod.summarize(result.state, observer, top=args.top)
+    if args.json:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    else:
+        print(summary_mod.format_summary(data), file=out)
+    code = _report_damage(result, err)
+    if not data["ledger_closes"]:
+        return EXIT_DIVERGED
+    return code
+
+
+def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    header, events, problems = whatif_mod.load_observations(args.log, args.prefix)
+    try:
+        config = whatif_mod.override(header, args.policy, args.set)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    original = config_of(header)
+    observer = summary_mod.SummaryObserver()
+    result = replay(args.log, prefix=args.prefix, observer=observer)
+    assert result.state is not None
+    recorded = summary_mod.summarize(result.state, observer)
+    resim = whatif_mod.simulate(original, header.world_size, events)
+    whatif = whatif_mod.simulate(config, header.world_size, events)
+    rows = whatif_mod.compare(recorded, resim, whatif)
+    if args.json:
+        json.dump({"original": whatif_mod.describe(original),
+                   "whatif": whatif_mod.describe(config),
+                   "recorded": recorded, "resimulated_original": resim, "whatif_result": whatif,
+                   "caveat": whatif_mod.CAVEAT, "problems": problems}, out, indent=2)
+        out.write("\n")
+    else:
+        print(f"original: {whatif_mod.describe(original)}", file=out)
+        print(f"what-if:  {whatif_mod.describe(config)}", file=out)
+        print(whatif_mod.format_rows(rows, original.policy.value, config.policy.value),
+              file=out)
+        for name, sim in (("re-sim", resim), ("what-if", whatif)):
+            est = sim["estimate"]
+            print(f"{name} estimate: {est['reallocation_conflicts']} reallocation conflicts, "
+                  f"{est['window_blocks_padded']} unknown window blocks padded"
+                  + (f"; {est['error']}" if est["error"] else ""), file=out)
+        print(whatif_mod.CAVEAT, file=out)
+    for problem in problems:
+        print(f"damage: {problem}", file=err)
+    return EXIT_CORRUPT if problems else EXIT_OK
+
+
+def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    observer = timeline_mod.TimelineObserver()
+    result = replay(args.log, prefix=args.prefix, observer=observer)
+    title = f"{args.log}: {len(observer.steps)} token steps"
+    if result.header is not None:
+        title += f", {result.header.policy}"
+    try:
+        timeline_mod.write_timeline(observer, args.output, title)
+    except (timeline_mod.MissingDependency, ValueError) as error:
+        raise UsageError(str(error)) from None
+    print(f"wrote {args.output} ({len(observer.steps)} steps)", file=out)
+    return _report_damage(result, err)
+
+
+def _tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from replay.tail import follow
+
+    def emit(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    follow(args.endpoint, emit, max_records=args.count, timeout_s=args.timeout)
+    return EXIT_OK
+
+
+_COMMANDS: dict[str, Any] = {
+    "verify": _verify, "explain": _explain, "summary": _summary, "whatif": _whatif,
+    "timeline": _timeline, "tail": _tail,
+}
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        return int(_COMMANDS[args.command](args, out, err))
+    except UsageError as error:
+        print(f"error: {error}", file=err)
+        return EXIT_USAGE
+    except ValueError as error:  # e.g. a log without a header for whatif
+        print(f"error: {error}", file=err)
+        return EXIT_CORRUPT
+    except KeyboardInterrupt:
+        return EXIT_OK

@@ -1,0 +1,301 @@
+"""``explain``: the causal story of one request's store ops, from a replay.
+
+:class:`ExplainObserver` follows one request id through a fold and records,
+per store op (one offered chunk ``[start, end)`` of one generation of the
+request): when it was buffered and with which blocks, every token step at
+which one of its blocks sat in the danger window while it was buffered (rank
+and depth), which block was reallocated and to whom (the request whose
+offered chunk next used that block id, when the log shows one), why it was
+rejected, held, dropped, skipped as stale or submitted, and the receipts
+per worker. It also keeps a chronological list of every line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from offload_fsm.commands import EndSession
+from offload_fsm.decisions import (
+    BatchOrphaned,
+    OpRejected,
+    OpsDropped,
+    OpsHeld,
+    OpsSelected,
+    OpsShielded,
+    ReceiptIgnored,
+    StoreSettled,
+    StoreSubmitted,
+)
+from offload_fsm.events import (
+    CandidateOffered,
+    Event,
+    HashesRead,
+    ReceiptsArrived,
+    RequestArrived,
+    RequestFinished,
+    RequestPreempted,
+    StepScheduled,
+)
+from offload_fsm.machine import Outcome
+from offload_fsm.state import State
+
+
+@attrs.define(kw_only=True)
+class OpStory:
+    generation: int
+    start_token: int
+    end_token: int
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[int | None, ...]
+    buffered_seq: int
+    buffered_step: int
+    status: str = "buffered"  # buffered, rejected, selected, submitted, stored, failed, dropped
+    cause: str = ""
+    block_id: int = -1
+    reused_by: str = ""
+    batch_id: int = -1
+    at_risk: list[dict[str, int]] = attrs.Factory(list)
+    notes: list[str] = attrs.Factory(list)
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return self.start_token < end and start < self.end_token
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class ExplainObserver:
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
+        self.generation = 0
+        self.seen = False
+        self.ops: list[OpStory] = []
+        self.lines: list[dict[str, Any]] = []  # {"seq", "step", "text", "ops": [starts]}
+        self.block_users: dict[int, tuple[str, int]] = {}  # block -> (req, seq) last offered
+        self.batches: dict[int, list[OpStory]] = {}
+        self.receipts: dict[int, int] = {}
+
+    # -- helpers ------------------------------------------------------------
+
+    def _say(self, seq: int, state: State, text: str, ops: list[OpStory] | None = None) -> None:
+        self.lines.append({"seq": seq, "step": state.step_index, "text": text,
+                           "ops": [(o.generation, o.start_token) for o in ops or []]})
+        for op in ops or []:
+            op.notes.append(f"seq {seq} step {state.step_index}: {text}")
+
+    def _live(self, start: int, end: int, statuses: tuple[str, ...]) -> list[OpStory]:
+        return [op for op in self.ops
+                if op.status in statuses and start <= op.start_token < end]
+
+    # -- the observer -------------------------------------------------------
+
+    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        me = self.req_id
+        kind = type(event)
+        if kind is CandidateOffered:
+            assert isinstance(event, CandidateOffered)
+            for block_id in event.block_ids:
+                self.block_users[block_id] = (event.req_id, seq)
+            if event.req_id == me:
+                op = OpStory(generation=self.generation, start_token=event.start_token,
+                             end_token=event.end_token, block_ids=event.block_ids,
+                             block_hashes=event.block_hashes,
+                             buffered_seq=seq, buffered_step=state.step_index)
+                self.ops.append(op)
+                rejected = [d for d in outcome.decisions if isinstance(d, OpRejected)]
+                if rejected:
+                    op.status, op.cause = "rejected", rejected[0].reason.value
+                    self._say(seq, state, f"offered [{op.start_token}, {op.end_token}) and "
+                              f"rejected: {op.cause}", [op])
+                else:
+                    self._say(seq, state, f"buffered [{op.start_token}, {op.end_token}) on "
+                              f"blocks {list(event.block_ids)}", [op])
+        elif kind is StepScheduled:
+            assert isinstance(event, StepScheduled)
+            self._on_step(seq, event, state)
+        elif kind is RequestArrived and event.req_id == me:  # type: ignore[union-attr]
+            if self.seen:
+                self._say(seq, state, "arrived again (new generation)")
+            else:
+                self._say(seq, state, "arrived")
+            self.seen = True
+        elif kind is RequestPreempted and event.req_id == me:  # type: ignore[union-attr]
+            self._say(seq, state, "preempted: its blocks were freed, it restarts from token 0")
+            self.generation += 1
+        elif kind is RequestFinished and event.req_id == me:  # type: ignore[union-attr]
+            assert isinstance(event, RequestFinished)
+            self._say(seq, state, f"finished with {event.free_blocks} free blocks in the queue")
+        elif kind is HashesRead:
+            assert isinstance(event, HashesRead)
+            if event.batch_id in self.batches:
+                self._say(seq, state, f"batch {event.batch_id}: current block hashes read "
+                          "for verification", self.batches[event.batch_id])
+        elif kind is ReceiptsArrived:
+            assert isinstance(event, ReceiptsArrived)
+            for req_id, count in event.completed:
+                if req_id == me:
+                    batch = self._in_flight_batch()
+                    self._say(seq, state, f"{count} worker receipt(s) of {state.world_size} "
+                              f"arrived" + (f" for batch {batch}" if batch >= 0 else ""),
+                              self.batches.get(batch))
+            if me in event.failed:
+                batch = self._in_flight_batch()
+                self._say(seq, state, "a worker reported the store FAILED",
+                          self.batches.get(batch))
+        for decision in outcome.decisions:
+            if getattr(decision, "req_id", None) == me:
+                self._on_decision(seq, event, decision, state)
+        for command in outcome.commands:
+            if type(command) is EndSession and command.req_id == me:
+                self._say(seq, state, "LMCache session ended")
+
+    def _in_flight_batch(self) -> int:
+        for batch_id, ops in reversed(self.batches.items()):
+            if any(op.status == "submitted" for op in ops):
+                return batch_id
+        return -1
+
+    def _on_step(self, seq: int, event: StepScheduled, state: State) -> None:
+        buffered = [op for op in self.ops if op.status == "buffered"]
+        if not buffered:
+            return
+        ranks = {block_id: rank for rank, block_id in enumerate(event.window_block_ids)}
+        for op in buffered:
+            hits = [(ranks[b], b) for b in op.block_ids if b in ranks]
+            if hits:
+                rank, block_id = min(hits)
+                op.at_risk.append({"seq": seq, "step": state.step_index, "block": block_id,
+                                   "rank": rank, "depth": state.depth_blocks})
+                self._say(seq, state, f"at risk: block {block_id} at free-queue rank {rank} "
+                          f"(danger depth {state.depth_blocks})", [op])
+        snapshot = {b: h for op in buffered
+                    for b, h in zip(op.block_ids, op.block_hashes, strict=True)}
+        for block_id, hash_now in event.reallocated:
+            if block_id in snapshot and snapshot[block_id] != hash_now:
+                user = self.block_users.get(block_id)
+                whom = f" to {user[0]} (offered at seq {user[1]})" if user and user[0] != \
+                    self.req_id else ""
+                self._say(seq, state, f"block {block_id} was reallocated{whom}; "
+                          f"hash {snapshot[block_id]} -> {hash_now}",
+                          [op for op in buffered if block_id in op.block_ids])
+
+    def _on_decision(self, seq: int, event: Event, decision: object, state: State) -> None:
+        kind = type(decision)
+        if kind is OpsSelected:
+            assert isinstance(decision, OpsSelected)
+            ops = self._live(decision.start_token, decision.end_token, ("buffered",))
+            for op in ops:
+                op.status, op.batch_id = "selected", decision.batch_id
+            self.batches[decision.batch_id] = ops
+            rank = f", front rank {decision.rank}" if decision.rank >= 0 else ""
+            self._say(seq, state, f"selected [{decision.start_token}, {decision.end_token}) "
+                      f"({decision.ops} ops) into batch {decision.batch_id}: "
+                      f"{decision.reason.value}{rank}", ops)
+        elif kind is StoreSubmitted:
+            assert isinstance(decision, StoreSubmitted)
+            ops = self._live(decision.start_token, decision.end_token, ("selected",))
+            for op in ops:
+                op.status = "submitted"
+            self._say(seq, state, f"hashes verified; store of [{decision.start_token}, "
+                      f"{decision.end_token}) SUBMITTED ({decision.blocks} blocks, "
+                      f"batch {decision.batch_id})", ops)
+        elif kind is StoreSettled:
+            assert isinstance(decision, StoreSettled)
+            ops = [op for op in self.batches.get(decision.batch_id, [])
+                   if op.status == "submitted"]
+            outcome = "failed" if decision.failed else "stored"
+            for op in ops:
+                op.status = outcome
+            orphan = " (orphaned batch)" if decision.orphaned else ""
+            self._say(seq, state, f"batch {decision.batch_id} settled: {decision.ops} ops "
+                      f"{outcome.upper()}{orphan}", ops)
+        elif kind is OpsDropped:
+            assert isinstance(decision, OpsDropped)
+            ops = self._live(decision.start_token, decision.end_token,
+                             ("buffered", "selected"))
+            reused_by = ""
+            if decision.block_id >= 0:
+                user = self.block_users.get(decision.block_id)
+                if user is not None and user[0] != self.req_id:
+                    reused_by = user[0]
+            for op in ops:
+                op.status, op.cause, op.block_id = "dropped", decision.cause.value, \
+                    decision.block_id
+                op.reused_by = reused_by
+            why = {
+                "evicted": "a block was reallocated before the drain",
+                "stale": "a block's hash changed before the store (skipped, never stored)",
+                "preempted": "the request was preempted",
+                "id_reuse": "the request id was reused",
+                "store_failed": "held behind a failed store (prefix chain broken)",
+                "cache_reset": "the prefix cache was reset",
+                "shutdown": "the connector shut down",
+            }[decision.cause.value]
+            block = f"; block {decision.block_id}" if decision.block_id >= 0 else ""
+            whom = f" reused by {reused_by}" if reused_by else ""
+            self._say(seq, state, f"DROPPED [{decision.start_token}, {decision.end_token}) "
+                      f"({decision.ops} ops, {decision.tokens} tokens): "
+                      f"{decision.cause.value}: {why}{block}{whom}", ops)
+        elif kind is OpsHeld:
+            assert isinstance(decision, OpsHeld)
+            ops = [op for op in self.ops if op.status == "buffered"]
+            self._say(seq, state, f"held ({decision.ops} ops due): {decision.reason.value}", ops)
+        elif kind is OpsShielded:
+            assert isinstance(decision, OpsShielded)
+            ops = [op for op in self.ops if op.status == "buffered"]
+            self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
+                      f"protected at finish: free queue {decision.free_blocks} < depth "
+                      f"{decision.depth_blocks})", ops)
+        elif kind is BatchOrphaned:
+            assert isinstance(decision, BatchOrphaned)
+            self._say(seq, state, f"batch {decision.batch_id} orphaned (detached from the "
+                      "new generation)", self.batches.get(decision.batch_id))
+        elif kind is ReceiptIgnored:
+            assert isinstance(decision, ReceiptIgnored)
+            self._say(seq, state, f"receipt ignored ({decision.count}, failed="
+                      f"{decision.failed}): {decision.reason.value}")
+
+    # -- output -------------------------------------------------------------
+
+    def selected_ops(self, tokens: tuple[int, int] | None) -> list[OpStory]:
+        if tokens is None:
+            return self.ops
+        return [op for op in self.ops if op.overlaps(*tokens)]
+
+    def to_json(self, tokens: tuple[int, int] | None = None) -> dict[str, Any]:
+        ops = self.selected_ops(tokens)
+        keys = {(op.generation, op.start_token) for op in ops}
+        return {
+            "req_id": self.req_id,
+            "found": self.seen,
+            "ops": [op.to_json() for op in ops],
+            "story": [line for line in self.lines
+                      if tokens is None or not line["ops"] or
+                      any(tuple(k) in keys for k in line["ops"])],
+        }
+
+
+def format_story(data: dict[str, Any]) -> str:
+    if not data["found"]:
+        return f"request {data['req_id']!r} does not appear in the log"
+    lines = [f"request {data['req_id']}:"]
+    for line in data["story"]:
+        lines.append(f"  seq {line['seq']:>8}  step {line['step']:>6}  {line['text']}")
+    lines.append("store ops:")
+    for op in data["ops"]:
+        gen = f" gen {op['generation']}" if op["generation"] else ""
+        outcome = op["status"].upper()
+        if op["cause"]:
+            outcome += f" ({op['cause']}"
+            if op["block_id"] >= 0:
+                outcome += f", block {op['block_id']}"
+            if op["reused_by"]:
+                outcome += f" reused by {op['reused_by']}"
+            outcome += ")"
+        risk = (f", at risk at {len(op['at_risk'])} step(s) "
+                f"{[r['step'] for r in op['at_risk']]}" if op["at_risk"] else "")
+        lines.append(f"  [{op['start_token']}, {op['end_token']}){gen}: buffered at step "
+                     f"{op['buffered_step']} on blocks {list(op['block_ids'])}{risk} -> {outcome}")
+    return "\n".join(lines)

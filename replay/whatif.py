@@ -1,0 +1,279 @@
+"""``whatif``: re-run a run's recorded observations under another policy or
+other knobs, and compare with what happened.
+
+What a counterfactual from a log can and cannot tell
+----------------------------------------------------
+The observations (arrivals, offered chunks and their blocks, step sizes,
+finishes, preemptions, receipts) were recorded under the *original*
+decisions. Another policy pins other blocks at other times, and in a real
+engine that changes which blocks get reallocated, the free-queue order, the
+allocation of the next steps, preemptions and store latency. None of that can
+be recovered from the log. So the answers are *synthesised* here:
+
+* block hashes: the snapshot of each offered chunk, changed by the recorded
+  reallocations (``StepScheduled.reallocated``) and by blocks offered again;
+  a reallocation of a block the counterfactual has pinned is impossible
+  there and is skipped (counted as a conflict);
+* the danger window: the recorded window (and cascade re-reads) of the
+  step, minus blocks the counterfactual pinned, cut to the new depth; blocks
+  beyond what was recorded are unknown and padded with placeholders that
+  match nothing (counted);
+* receipts: every store the counterfactual submits completes on all workers
+  at the first recorded receipt event at least one step later; a recorded
+  failure of a request fails its counterfactual store in flight then.
+
+To calibrate the estimate, the original settings are re-run through the same
+synthetic world: the distance between that and the recorded outcome is a
+lower bound on the estimate's error. Treat the what-if as a direction, not
+a number.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from offload_fsm.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
+from offload_fsm.config import PREFIX, OffloadConfig, parse_config
+from offload_fsm.errors import InvalidEvent, MachinePoisoned
+from offload_fsm.events import (
+    CandidateOffered,
+    Event,
+    FreeQueueRead,
+    HashesRead,
+    PrefixCacheReset,
+    ReceiptsArrived,
+    ShutdownRequested,
+    StepScheduled,
+)
+from offload_fsm.logformat import Header, Inputs
+from offload_fsm.machine import drive, watches, window_depth
+from offload_fsm.state import State, new_state
+from replay.reader import LogDamage, read_log
+from replay.summary import SummaryObserver, summarize
+
+CAVEAT = (
+    "CAVEAT: a what-if from a log is an estimate. The free-queue windows, "
+    "reallocations, step sizes, preemptions and receipt timing were observed under the "
+    "original decisions; a different policy would have changed them. Window blocks beyond "
+    "what was recorded are unknown, reallocations of blocks the what-if pinned are skipped, "
+    "and receipts are synthesised. Compare the what-if with the re-simulated original, "
+    "not only with the recorded run."
+)
+
+
+def load_observations(
+    path: str | os.PathLike[str], prefix: str | None = None
+) -> tuple[Header, list[Event], list[str]]:
+    """The header and the recorded events (answers included), up to the first
+    damage or lost record; the list of problems that cut it short."""
+    header: Header | None = None
+    events: list[Event] = []
+    problems: list[str] = []
+    for entry in read_log(path, prefix):
+        if isinstance(entry, LogDamage):
+            problems.append(entry.describe())
+            break
+        record = entry.record
+        if isinstance(record, Header) and header is None:
+            header = record
+        elif isinstance(record, Inputs):
+            if record.seq != len(events):
+                problems.append(f"events {len(events)}..{record.seq - 1} are missing")
+                break
+            events.extend(record.events)
+    if header is None:
+        raise ValueError(f"{path}: no header record")
+    return header, events, problems
+
+
+def override(header: Header, policy: str | None, settings: list[str]) -> OffloadConfig:
+    """The header's config with ``--policy`` and ``--set key=value`` applied."""
+    wire = dict(header.config)
+    if policy is not None:
+        wire[f"{PREFIX}_policy"] = policy
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected key=value")
+        key = key.strip()
+        full = key if key.startswith(PREFIX) else f"{PREFIX}_{key}"
+        wire[full] = value.strip()
+    return parse_config(wire)
+
+
+class _SyntheticWorld:
+    """Answers the core's commands from what the log knows (see the module docstring)."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.hashes: dict[int, int | None] = {}
+        self.window: list[int] = []
+        self.extra_window: list[int] = []
+        self.submitted: list[tuple[int, str]] = []  # (step submitted, req_id)
+        self.step = 0
+        self.conflicts = 0
+        self.padded_blocks = 0
+
+    def execute(self, command: Command) -> Event | None:
+        kind = type(command)
+        if kind is ReadHashes:
+            assert isinstance(command, ReadHashes)
+            return HashesRead(batch_id=command.batch_id,
+                              block_hashes=tuple(self.hashes.get(b) for b in command.block_ids))
+        if kind is ReadFreeQueue:
+            assert isinstance(command, ReadFreeQueue)
+            pins = self.state.pins
+            seen: dict[int, None] = {}
+            for block_id in (*self.window, *self.extra_window):
+                if block_id not in pins:
+                    seen.setdefault(block_id, None)
+            return FreeQueueRead(window_block_ids=tuple(seen)[: command.depth_blocks])
+        if kind is SubmitStore:
+            assert isinstance(command, SubmitStore)
+            self.submitted.append((self.step, command.req_id))
+        return None
+
+    def receipts(self, failed: tuple[str, ...], *, all_due: bool) -> ReceiptsArrived | None:
+        due = [r for s, r in self.submitted if all_due or s < self.step]
+        if not due:
+            return None
+        self.submitted = [(s, r) for s, r in self.submitted if not (all_due or s < self.step)]
+        world_size = self.state.world_size
+        return ReceiptsArrived(completed=tuple((r, world_size) for r in dict.fromkeys(due)),
+                               failed=tuple(r for r in failed if r in due))
+
+    def step_event(self, recorded: StepScheduled, offered: list[CandidateOffered],
+                   extra: list[int]) -> StepScheduled:
+        state = self.state
+        pins = state.pins
+        if not recorded.scheduled_tokens:
+            return recorded
+        self.step += 1
+        for offer in offered:
+            for block_id, block_hash in zip(offer.block_ids, offer.block_hashes, strict=True):
+                if block_id in pins:
+                    self.conflicts += 1
+                self.hashes[block_id] = block_hash
+        reallocated: dict[int, int | None] = {}
+        for offer in offered:
+            for block_id, block_hash in zip(offer.block_ids, offer.block_hashes, strict=True):
+                if watches(state, block_id):
+                    reallocated[block_id] = block_hash
+        for block_id, hash_now in recorded.reallocated:
+            if block_id in pins:
+                self.conflicts += 1
+                continue
+            self.hashes[block_id] = hash_now
+            if watches(state, block_id):
+                reallocated[block_id] = hash_now
+        depth = window_depth(state, scheduled_tokens=recorded.scheduled_tokens,
+                             allocated_blocks=recorded.allocated_blocks,
+                             next_step_blocks=recorded.next_step_blocks)
+        wanted = min(depth, recorded.free_blocks)
+        known: dict[int, None] = {}
+        for block_id in (*recorded.window_block_ids, *extra):
+            if block_id not in pins:
+                known.setdefault(block_id, None)
+        window = list(known)[:wanted]
+        missing = wanted - len(window)
+        if missing > 0:
+            self.padded_blocks += missing
+            window.extend(-1 - i for i in range(missing))  # unknown blocks: match nothing
+        self.window = window
+        self.extra_window = []
+        return attrs.evolve(recorded, window_block_ids=tuple(window),
+                            reallocated=tuple(reallocated.items()))
+
+
+def simulate(
+    config: OffloadConfig, world_size: int, events: list[Event]
+) -> dict[str, Any]:
+    """Feed the recorded observations to a fresh core under ``config``."""
+    state = new_state(config, world_size=world_size)
+    world = _SyntheticWorld(state)
+    observer = SummaryObserver()
+    seq = 0
+    error = ""
+
+    def feed(event: Event) -> None:
+        nonlocal seq
+        for applied_event, outcome in drive(state, event, world.execute):
+            observer(seq, applied_event, outcome, state)
+            seq += 1
+
+    offered: list[CandidateOffered] = []
+    try:
+        for index, event in enumerate(events):
+            kind = type(event)
+            if kind is HashesRead or kind is FreeQueueRead:
+                continue  # answers of the original run: synthesised instead
+            if kind is CandidateOffered:
+                assert isinstance(event, CandidateOffered)
+                offered.append(event)
+                feed(event)
+            elif kind is StepScheduled:
+                assert isinstance(event, StepScheduled)
+                extra = [b for later in events[index + 1 : index + 8]
+                         if type(later) is FreeQueueRead
+                         for b in later.window_block_ids]  # type: ignore[union-attr]
+                world.extra_window = extra
+                feed(world.step_event(event, offered, extra))
+                offered = []
+            elif kind is ReceiptsArrived:
+                assert isinstance(event, ReceiptsArrived)
+                receipts = world.receipts(event.failed, all_due=False)
+                if receipts is not None:
+                    feed(receipts)
+            elif kind is ShutdownRequested:
+                receipts = world.receipts((), all_due=True)
+                if receipts is not None:
+                    feed(receipts)
+                feed(event)
+            else:
+                if kind is PrefixCacheReset:
+                    world.hashes.clear()
+                feed(event)
+    except (InvalidEvent, MachinePoisoned) as failure:
+        error = f"the recorded observations became inconsistent at input {seq}: {failure}"
+    result = summarize(state, observer)
+    result["estimate"] = {"reallocation_conflicts": world.conflicts,
+                          "window_blocks_padded": world.padded_blocks, "error": error}
+    return result
+
+
+def compare(recorded: dict[str, Any], original: dict[str, Any], whatif: dict[str, Any]
+            ) -> list[tuple[str, Any, Any, Any]]:
+    rows: list[tuple[str, Any, Any, Any]] = []
+
+    def row(name: str, get: Any) -> None:
+        rows.append((name, get(recorded), get(original), get(whatif)))
+
+    row("stored ops", lambda s: s["stored"]["ops"])
+    row("stored tokens", lambda s: s["stored"]["tokens"])
+    for cause in recorded["dropped_by_cause"]:
+        if any(s["dropped_by_cause"][cause]["ops"] for s in (recorded, original, whatif)):
+            row(f"dropped {cause} ops", lambda s, c=cause: s["dropped_by_cause"][c]["ops"])
+    row("drop rate (ops)", lambda s: f"{s['drop_rate']['ops']:.2%}")
+    row("drop rate (tokens)", lambda s: f"{s['drop_rate']['tokens']:.2%}")
+    row("deferral mean (steps)", lambda s: f"{s['deferral_steps']['mean']:.2f}")
+    row("deferral p50 (steps)", lambda s: s["deferral_steps"]["p50"])
+    row("deferral p99 (steps)", lambda s: s["deferral_steps"]["p99"])
+    row("peak pinned blocks", lambda s: s["peak_pinned_blocks"])
+    return rows
+
+
+def format_rows(rows: list[tuple[str, Any, Any, Any]], original: str, whatif: str) -> str:
+    head = ("metric", "recorded", f"re-sim {original}", f"what-if {whatif}")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
+    lines = ["  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w)
+                       for i, (v, w) in enumerate(zip(r, widths, strict=True)))
+             for r in [head, *rows]]
+    return "\n".join(lines)
+
+
+def describe(config: OffloadConfig) -> str:
+    return f"{config.policy.value} {config.describe()}"
+
