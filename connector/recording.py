@@ -13,9 +13,9 @@ Contract towards the caller (the vLLM scheduler thread)
   framing, writing and publishing happen on the writer thread. One record per
   step amortises the 12 framing bytes and the envelope over a step's events
   and keeps the reader's per-record work small; the price is that a crash
-  also loses the open step's events, which were not yet queued. Every ``digest_every`` events it also
-  enqueues ``codec.state_digest(state)``, computed here because the state is
-  mutated by the next ``step``.
+  also loses the open step's events, which were not yet queued. Every
+  ``digest_every`` events it also enqueues ``codec.state_digest(state)``,
+  computed here because the state is mutated by the next ``step``.
 * It never blocks and never raises because of the log: overload drops records
   and the writer writes a GAP record (see ``connector.eventlog``); a failing
   PUB send is dropped and counted in ``pub_dropped``.
@@ -24,8 +24,9 @@ Contract towards the caller (the vLLM scheduler thread)
   last record, which the reader reports and skips.
 * ``directory=None`` disables recording: :meth:`record` returns at once.
 
-Wire format: :mod:`offload_fsm.logformat`; each file starts with a header (config, policy, world size, versions)
-so that a log alone is enough to replay it.
+Wire format: :mod:`offload_fsm.logformat`; each file starts with a header
+(config, policy, world size, versions) so that a log alone is enough to
+replay it.
 """
 
 from __future__ import annotations

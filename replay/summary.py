@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from offload_fsm.decisions import DropCause, OpRejected, OpsDropped, OpsSelected, RejectReason
+from offload_fsm.decisions import DropCause, OpsDropped, OpsSelected, RejectReason
 from offload_fsm.events import CandidateOffered, Event
 from offload_fsm.invariants import ledger_closes, ledger_terms
 from offload_fsm.machine import Outcome
