@@ -23,7 +23,9 @@ from offload_fsm.machine import step
 from offload_fsm.state import new_state
 
 
-def measure(n_ops: int = 5000, blocks_per_op: int = 8, ops_per_request: int = 4) -> dict[str, float]:
+def measure(
+    n_ops: int = 5000, blocks_per_op: int = 8, ops_per_request: int = 4
+) -> dict[str, float]:
     config = parse_config({"lmcache.mp.lazy_offload": True,
                            "lmcache.mp.lazy_offload_policy": "EVICTION_AWARE"})
     state = new_state(config, world_size=1)

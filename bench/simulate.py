@@ -38,6 +38,7 @@ def arms(log_dir: str) -> list[ArmSpec]:
                                               ("lmcache.mp.lazy_offload_threshold", 20),
                                               ("lmcache.mp.lazy_offload_select_count", 10))),
         ArmSpec("ours EA", "ours", (LAZY, ea, log)),
+        ArmSpec("ours EA (log off)", "ours", (LAZY, ea, ("lmcache.mp.lazy_offload_log_dir", ""))),
         ArmSpec("ours FIFO 20/10", "ours", (LAZY, fifo, log,
                                             ("lmcache.mp.lazy_offload_threshold", 20),
                                             ("lmcache.mp.lazy_offload_select_count", 10))),
@@ -48,7 +49,7 @@ def arms(log_dir: str) -> list[ArmSpec]:
 SCALES = {
     "small": [
         ("multiturn", 1.0, 600, "tight", 3000, 256),
-        ("multiturn", 1.0, 600, "roomy", 16000, 256),
+        ("multiturn", 1.0, 600, "roomy", 6000, 256),
         ("burst", 1.0, 600, "tight", 3000, 256),
     ],
     "full": [
@@ -79,7 +80,7 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
         str(sum(dropped.values())) if led else "-",
         " ".join(f"{k}:{v}" for k, v in sorted(dropped.items())) or "-",
         str(led.get("pending", "-")),
-        str(r.chunk_writes), fmt(wr, 2),
+        str(r.chunk_writes), str(r.written_keys), fmt(wr, 2),
         f"{r.recalled}/{r.needed}", fmt(recall), fmt(precision),
         str(r.max_backlog), str(r.steps),
     ]
@@ -87,7 +88,7 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
 
 HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "preempt",
         "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
-        "chunk writes", "writes/eager", "recalled/needed", "recall", "precision",
+        "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
         "max backlog", "steps"]
 
 
@@ -98,7 +99,8 @@ def table(rows: list[list[str]], head: list[str]) -> str:
 
 
 def bucket_table(results: list[ArmResult]) -> str:
-    head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99", "1000+: n / p50 / p99"]
+    head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99",
+            "1000+: n / p50 / p99"]
     rows = []
     for r in results:
         b = r.conn_by_bucket()

@@ -613,7 +613,7 @@ class Sim:
                         finished_recving.add(m.request_id)
             completed: dict[str, int] = {}
             failed: set[str] = set()
-            for rid, (n, bad, keys) in self._take_receipts(step).items():
+            for rid, (n, bad, _keys) in self._take_receipts(step).items():
                 completed[rid] = n
                 if bad:
                     failed.add(rid)

@@ -114,7 +114,8 @@ def generate(p: WorkloadParams) -> list[Session]:
         system = rng.choice(agent_sys)
         used = len(system)
         for k in range(rng.randint(*p.agent_turns)):
-            n_new = rng.randint(*p.chat_user_tokens) if k == 0 else rng.randint(*p.agent_tool_tokens)
+            span = p.chat_user_tokens if k == 0 else p.agent_tool_tokens
+            n_new = rng.randint(*span)
             new = (system if k == 0 else []) + _toks(rng, n_new)
             dec = _lognormal_int(rng, p.agent_decode_median)
             if not context_ok(used, n_new, dec):
