@@ -52,6 +52,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             config,
             world_size=world_size,
             group_tokens_per_block=list(self._group_tokens_per_block),
+            step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             recorder=_make_recorder(config, world_size),
         )
 

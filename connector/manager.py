@@ -88,12 +88,15 @@ class EventSourcedManager:
         *,
         world_size: int,
         group_tokens_per_block: list[int],
+        step_budget_tokens: int = 0,
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
+        # The most blocks one schedule() can hand out for its token budget.
+        self._step_budget_blocks = self._blocks_for(step_budget_tokens)
         self._recorder = recorder
         self._clock = clock
         self._pool: Any = None
@@ -146,7 +149,7 @@ class EventSourcedManager:
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
         tokens = int(scheduler_output.total_num_scheduled_tokens)
         allocated = _allocated_block_ids(scheduler_output)
-        next_step_blocks = sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
+        next_step_blocks = self._blocks_for(tokens)
         if self._stopped or self._pool is None:
             return LazyOffloadActions()
         pool = self._pool
@@ -187,7 +190,8 @@ class EventSourcedManager:
 
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
         free = blocks.free_count(self._pool) if self._pool is not None else 0
-        self._feed(RequestFinished(req_id=request_id, free_blocks=free))
+        self._feed(RequestFinished(req_id=request_id, free_blocks=free,
+                                   next_step_max_blocks=self._step_budget_blocks))
         return self._take_actions()
 
     def on_request_reset(self, request_id: str) -> None:
@@ -218,6 +222,9 @@ class EventSourcedManager:
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
         self._feed(PrefixCacheReset())
+
+    def _blocks_for(self, tokens: int) -> int:
+        return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
     # -- ledger -----------------------------------------------------------
 

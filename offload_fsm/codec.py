@@ -147,6 +147,8 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         tuple(state.shielded),
         batches,
         tuple(sorted(state.pins.items())),
+        tuple(state.stored_keys),
+        tuple(sorted(state.claimed_keys.items())),
         state.poisoned,
     )
 

@@ -19,6 +19,7 @@ class RejectReason(enum.Enum):
 
     UNHASHED = "unhashed"  # a covered block has no prefix-cache hash
     PREFIX_BROKEN = "prefix_broken"  # an earlier range of the request was lost
+    ALREADY_STORED = "already_stored"  # the same content was stored for another request
 
 
 class SelectReason(enum.Enum):
@@ -41,6 +42,7 @@ class DropCause(enum.Enum):
     STALE = "stale"  # hash mismatch or missing at verification (skipped)
     CACHE_RESET = "cache_reset"
     SHUTDOWN = "shutdown"
+    DUPLICATE = "duplicate"  # not a loss: another request's batch holds the same content
 
 
 class HoldReason(enum.Enum):

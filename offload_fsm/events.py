@@ -85,12 +85,14 @@ class StepScheduled:
 @attrs.frozen(kw_only=True)
 class RequestFinished:
     """vLLM finished (or aborted) a request; its blocks are about to be freed.
-    ``free_blocks`` is the free-queue length before they are. Source:
-    ``request_finished``."""
+    ``free_blocks`` is the free-queue length before they are;
+    ``next_step_max_blocks`` the most blocks the next ``schedule()`` can take
+    (its token budget in blocks). Source: ``request_finished``."""
 
     TAG: ClassVar[int] = 4
     req_id: str
     free_blocks: int
+    next_step_max_blocks: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -29,7 +29,7 @@ from collections import Counter
 
 from offload_fsm.config import Policy
 from offload_fsm.decisions import DropCause
-from offload_fsm.state import BatchStatus, Phase, State
+from offload_fsm.state import BatchStatus, Phase, State, holders
 
 
 def ledger_terms(state: State, unit: str = "ops") -> dict[str, int]:
@@ -153,9 +153,14 @@ def indexes_agree(state: State) -> list[str]:
             for op in rec.ops:
                 for block_id in op.block_ids:
                     owners.setdefault(block_id, []).append(op.op_id)
-        indexed = {b: sorted(op.op_id for op in ops) for b, ops in state.owners.items()}
+        indexed = {b: sorted(op.op_id for op in holders(e)) for b, e in state.owners.items()}
         if {b: sorted(v) for b, v in owners.items()} != indexed:
             problems.append("block owner index disagrees with the buffers")
+        claimed: Counter[int] = Counter(
+            op.content_key for batch in state.batches.values() for op in batch.ops
+        )
+        if dict(claimed) != state.claimed_keys:
+            problems.append(f"claimed keys {state.claimed_keys} != batches' {dict(claimed)}")
     return problems
 
 

@@ -103,6 +103,7 @@ from offload_fsm.events import (
 )
 from offload_fsm.policies import Plan, danger_depth, next_ema, plan_eviction_aware, plan_fifo
 from offload_fsm.state import (
+    STORED_KEYS_MAX,
     Batch,
     BatchStatus,
     Op,
@@ -276,6 +277,17 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
                        end_token=event.end_token, reason=RejectReason.UNHASHED)
         )
         return
+    ea = state.config.policy is Policy.EVICTION_AWARE
+    if ea and event.block_hashes[-1] in state.stored_keys:
+        # Content dedup: LMCache keys chunks by their token prefix, which the last
+        # block's (chained) hash names; this chunk is already stored. Not a loss:
+        # the request's chain stays intact.
+        counters["rejected_already_stored_ops"] += 1
+        out.decisions.append(
+            OpRejected(req_id=req_id, start_token=event.start_token,
+                       end_token=event.end_token, reason=RejectReason.ALREADY_STORED)
+        )
+        return
     op = Op(
         op_id=state.next_op_id,
         req=rec,
@@ -295,14 +307,8 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
     rec.ops.append(op)
     if len(rec.ops) == 1:
         _push_deadline(state, rec)
-    if state.config.policy is Policy.EVICTION_AWARE:
-        owners = state.owners
-        for block_id in op.block_ids:
-            holders = owners.get(block_id)
-            if holders is None:
-                owners[block_id] = [op]
-            else:
-                holders.append(op)
+    if ea:
+        _index(state, op, out)
 
 
 def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
@@ -381,7 +387,7 @@ def _on_finished(state: State, event: RequestFinished, out: _Emit) -> None:
     rec.phase = Phase.FINISHED
     if state.config.policy is Policy.EVICTION_AWARE and rec.ops:
         # Even behind an in-flight batch: the shielded ops wait pinned, not exposed.
-        _maybe_shield(state, rec, event.free_blocks, out)
+        _maybe_shield(state, rec, event.free_blocks, event.next_step_max_blocks, out)
     _refresh_ready(state, rec)
     _maybe_end(state, rec, out)
 
@@ -443,6 +449,7 @@ def _on_shutdown(state: State, event: ShutdownRequested, out: _Emit) -> None:
         ops = batch.ops
         counters["abandoned_ops"] += len(ops)
         counters["abandoned_tokens"] += sum(op.tokens for op in ops)
+        _unclaim(state, ops, stored=False)
         _release(state, batch.batch_id, ops, out)
         batch.req.batch = None
         del state.batches[batch.batch_id]
@@ -484,6 +491,7 @@ def _on_hashes(state: State, event: HashesRead, out: _Emit) -> None:
     rec = batch.req
     stale = batch.ops[good:]
     if stale:
+        _unclaim(state, stale, stored=False)
         _release(state, batch.batch_id, stale, out)
         _count_drop(state, rec, stale, DropCause.STALE, bad_block, out)
         if not batch.orphaned:
@@ -558,6 +566,15 @@ def _select(
     assert ops, "an empty selection"
     del rec.ops[:count]
     _unindex(state, ops)
+    if state.config.policy is Policy.EVICTION_AWARE:
+        ops = _skip_duplicates(state, rec, ops, out)
+        if not ops:
+            _after_buffer_change(state, rec)
+            _maybe_end(state, rec, out)
+            return
+        for op in ops:
+            key = op.content_key
+            state.claimed_keys[key] = state.claimed_keys.get(key, 0) + 1
     batch = Batch(batch_id=state.next_batch_id, req=rec, ops=ops)
     state.next_batch_id += 1
     state.batches[batch.batch_id] = batch
@@ -584,6 +601,38 @@ def _select(
     _after_buffer_change(state, rec)
 
 
+def _skip_duplicates(state: State, rec: RequestState, ops: list[Op], out: _Emit) -> list[Op]:
+    """Drop the leading ops whose content another batch already stored or is
+    storing: the server keys chunks by content, so the chain has no hole."""
+    stored, claimed = state.stored_keys, state.claimed_keys
+    count = 0
+    while count < len(ops) and (ops[count].content_key in stored
+                                or ops[count].content_key in claimed):
+        count += 1
+    if count:
+        duplicates = ops[:count]
+        _release_pinned(state, duplicates, out)
+        _count_drop(state, rec, duplicates, DropCause.DUPLICATE, -1, out)
+    return ops[count:]
+
+
+def _unclaim(state: State, ops: list[Op], *, stored: bool) -> None:
+    if state.config.policy is not Policy.EVICTION_AWARE:
+        return
+    claimed = state.claimed_keys
+    for op in ops:
+        key = op.content_key
+        left = claimed[key] - 1
+        if left:
+            claimed[key] = left
+        else:
+            del claimed[key]
+        if stored:
+            state.stored_keys[key] = None
+            if len(state.stored_keys) > STORED_KEYS_MAX:
+                del state.stored_keys[next(iter(state.stored_keys))]
+
+
 def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, out: _Emit) -> None:
     ctx.window_pinned_blocks += plan.window_pinned_blocks
     if plan.window_pinned_blocks and ctx.ops_left > 0 and ctx.depth_blocks > 0:
@@ -591,13 +640,18 @@ def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, out: _Emit) -> No
         state.awaiting_queue = True
 
 
-def _maybe_shield(state: State, rec: RequestState, free_blocks: int, out: _Emit) -> None:
+def _maybe_shield(
+    state: State, rec: RequestState, free_blocks: int, next_step_max_blocks: int, out: _Emit
+) -> None:
     """The blind-window rule: blocks freed now join the free-queue tail at rank
-    ``free_blocks``; if that is inside the danger depth, the next schedule()
-    can reallocate them before any drain sees them. Protect them now, unless
-    the free queue cannot spare them for the next step (pin budget)."""
+    ``free_blocks``; if the next schedule() can allocate that deep (its token
+    budget, or the danger depth, whichever is larger) it can reallocate them
+    before any drain sees them. Protect them now, unless the engine is idle
+    (depth 0: idle never drains) or the free queue cannot spare one block per
+    running request (the pin budget)."""
     depth = state.depth_blocks
-    if depth == 0 or free_blocks >= depth or free_blocks < state.reserve_blocks:
+    reach = max(depth, next_step_max_blocks)
+    if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
         return
     ops = [op for op in rec.ops if not op.pinned]
     block_ids = tuple(b for op in ops for b in op.block_ids)
@@ -610,30 +664,60 @@ def _maybe_shield(state: State, rec: RequestState, free_blocks: int, out: _Emit)
     state.counters["shielded_ops"] += len(ops)
     out.decisions.append(
         OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
-                    free_blocks=free_blocks, depth_blocks=depth)
+                    free_blocks=free_blocks, depth_blocks=reach)
     )
 
 
 def _apply_reallocations(
     state: State, reallocated: Iterable[tuple[int, int | None]], out: _Emit
 ) -> None:
+    """Incremental loss detection: only blocks allocated this step are checked,
+    each in O(1) unless it really changed (all holders share one snapshot)."""
     for block_id, hash_now in reallocated:
-        holders = state.owners.get(block_id)
-        if holders is None:
+        holder = state.owners.get(block_id)
+        if holder is None:
             continue
-        for op in list(holders):
-            index = op.block_ids.index(block_id)
-            if op.block_hashes[index] != hash_now and op in op.req.ops:
-                rec = op.req
-                position = rec.ops.index(op)
-                lost = rec.ops[position:]
-                del rec.ops[position:]
-                _unindex(state, lost)
-                _release_pinned(state, lost, out)
-                _count_drop(state, rec, lost, DropCause.EVICTED, block_id, out)
-                rec.broken = True
-                _after_buffer_change(state, rec)
-                _maybe_end(state, rec, out)
+        first = holder if isinstance(holder, Op) else next(iter(holder.values()))
+        if first.block_hashes[first.block_ids.index(block_id)] != hash_now:
+            _lose_holders(state, block_id, out)
+
+
+def _lose_holders(state: State, block_id: int, out: _Emit) -> None:
+    """Every buffered op on ``block_id`` lost its data: drop each with the rest
+    of its request (prefix closure) and break the chain."""
+    holder = state.owners.get(block_id)
+    victims = [holder] if isinstance(holder, Op) else list((holder or {}).values())
+    for op in victims:
+        rec = op.req
+        if op not in rec.ops:
+            continue  # already dropped with an earlier op of its request
+        lost = rec.ops[rec.ops.index(op):]
+        del rec.ops[rec.ops.index(op):]
+        _unindex(state, lost)
+        _release_pinned(state, lost, out)
+        _count_drop(state, rec, lost, DropCause.EVICTED, block_id, out)
+        rec.broken = True
+        _after_buffer_change(state, rec)
+        _maybe_end(state, rec, out)
+
+
+def _index(state: State, op: Op, out: _Emit) -> None:
+    owners = state.owners
+    for position, block_id in enumerate(op.block_ids):
+        holder = owners.get(block_id)
+        if holder is None:
+            owners[block_id] = op
+            continue
+        first = holder if isinstance(holder, Op) else next(iter(holder.values()))
+        if first.block_hashes[first.block_ids.index(block_id)] != op.block_hashes[position]:
+            # The block was reallocated without a report (e.g. a prefix-cache
+            # reset): its earlier holders' data is gone.
+            _lose_holders(state, block_id, out)
+            owners[block_id] = op
+        elif isinstance(holder, Op):
+            owners[block_id] = {holder.op_id: holder, op.op_id: op}
+        else:
+            holder[op.op_id] = op
 
 
 def _drop_pending(state: State, rec: RequestState, cause: DropCause, out: _Emit) -> None:
@@ -696,6 +780,7 @@ def _settle(state: State, batch: Batch, out: _Emit) -> None:
     ops = batch.ops
     tokens = sum(op.tokens for op in ops)
     outcome = "failed" if batch.failed else "stored"
+    _unclaim(state, ops, stored=not batch.failed)
     state.counters[f"{outcome}_ops"] += len(ops)
     state.counters[f"{outcome}_tokens"] += tokens
     _release(state, batch.batch_id, ops, out)
@@ -735,10 +820,13 @@ def _unindex(state: State, ops: list[Op]) -> None:
     owners = state.owners
     for op in ops:
         for block_id in op.block_ids:
-            holders = owners[block_id]
-            holders.remove(op)
-            if not holders:
+            holder = owners.get(block_id)
+            if holder is op:
                 del owners[block_id]
+            elif isinstance(holder, dict) and op.op_id in holder:
+                del holder[op.op_id]
+                if len(holder) == 1:
+                    owners[block_id] = next(iter(holder.values()))
 
 
 def _after_buffer_change(state: State, rec: RequestState) -> None:

@@ -48,7 +48,7 @@ from collections.abc import Iterable
 import attrs
 
 from offload_fsm.decisions import HoldReason, SelectReason
-from offload_fsm.state import Op, Phase, RequestState, State, StepContext
+from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
 
 EMA_ALPHA = 0.3
 DEPTH_CUTOFF = 0.5
@@ -121,7 +121,7 @@ def plan_eviction_aware(
     due: dict[str, tuple[int, int, RequestState]] = {}  # req -> (rank, due_end, rec)
     held_in_flight: dict[str, RequestState] = {}
     for rank, block_id in ranked_blocks:
-        for op in state.owners.get(block_id, ()):
+        for op in holders(state.owners.get(block_id)):
             rec = op.req
             if rec.batch is not None:
                 held_in_flight[rec.req_id] = rec

@@ -21,6 +21,8 @@ from offload_fsm.decisions import DropCause
 
 BlockHash = int | None
 
+STORED_KEYS_MAX: Final = 1 << 18  # bound of the stored-content memory (EA dedup)
+
 
 class Phase(enum.Enum):
     ACTIVE = "active"
@@ -49,6 +51,14 @@ class Op:
     def tokens(self) -> int:
         return self.end_token - self.start_token
 
+    @property
+    def content_key(self) -> int:
+        """The last block's hash: vLLM block hashes chain their parents, so it
+        names the whole token prefix this op ends (LMCache keys chunks the same way)."""
+        key = self.block_hashes[-1]
+        assert key is not None, "admitted ops are fully hashed"
+        return key
+
 
 @attrs.define(slots=True, eq=False)
 class Batch:
@@ -76,6 +86,15 @@ class RequestState:
     order: int = 0  # admission order of the current pending run (tie-break)
 
 
+def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:
+    """The ops of one ``State.owners`` entry."""
+    if entry is None:
+        return ()
+    if isinstance(entry, Op):
+        return (entry,)
+    return tuple(entry.values())
+
+
 LEDGER_TERMS: Final = (
     "pending",
     "verifying",
@@ -97,6 +116,7 @@ COUNTER_NAMES: Final = (
     "selected_cascade_ops",
     "selected_shielded_ops",
     "shielded_ops",
+    "rejected_already_stored_ops",
     "submitted_ops",
     "submitted_tokens",
     "stored_ops",
@@ -151,7 +171,13 @@ class State:
     pending: dict[str, RequestState] = attrs.Factory(dict)  # has buffered ops, in entry order
     ready: dict[str, None] = attrs.Factory(dict)  # FIFO: finished, buffered, not blocked
     shielded: dict[str, None] = attrs.Factory(dict)  # has protected buffered ops
-    owners: dict[int, list[Op]] = attrs.Factory(dict)  # EA: block id -> buffered ops on it
+    # EA: block id -> the buffered op(s) covering it (one op, or a dict by op id when
+    # shared). All holders of a block share its snapshot hash (see machine._index).
+    owners: dict[int, Op | dict[int, Op]] = attrs.Factory(dict)
+    # EA content dedup: last-block hash of chunks stored (bounded, oldest first out)
+    # and of chunks selected or in flight (counted).
+    stored_keys: dict[int, None] = attrs.Factory(dict)
+    claimed_keys: dict[int, int] = attrs.Factory(dict)
     deadlines: list[tuple[float, int, str, int]] = attrs.Factory(list)  # heap
     batches: dict[int, Batch] = attrs.Factory(dict)
     pins: dict[int, int] = attrs.Factory(dict)  # block id -> protections we hold

@@ -67,11 +67,14 @@ class FakePool:
             taken.append(block_id)
         return taken
 
-    def fill(self, block_id: int) -> int:
-        """The block was computed: it gets a fresh, never-reused hash."""
-        self.hashes[block_id] = self._next_hash
-        self._next_hash += 1
-        return self._next_hash - 1
+    def fill(self, block_id: int, content_hash: int | None = None) -> int:
+        """The block was computed: it gets ``content_hash`` (content computed
+        before, e.g. a shared system prompt on another block) or a fresh hash."""
+        if content_hash is None:
+            content_hash = self._next_hash
+            self._next_hash += 1
+        self.hashes[block_id] = content_hash
+        return content_hash
 
     def touch(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
@@ -117,6 +120,7 @@ class World:
     pool: FakePool
     block_tokens: int = 32
     chunk_blocks: int = 2
+    shared_first_chunk: bool = False  # every request's first chunk has the same content
     time_s: float = 0.0
     active: dict[str, FakeRequest] = attrs.Factory(dict)
     finished: dict[str, FakeRequest] = attrs.Factory(dict)  # awaiting session end
@@ -194,8 +198,11 @@ class World:
             blocks = self.pool.allocate(self.chunk_blocks)
             if blocks is None:
                 continue
-            hashes = tuple(self.pool.fill(b) for b in blocks)
             start = req.tokens
+            shared = self.shared_first_chunk and start == 0
+            hashes = tuple(
+                self.pool.fill(b, -1 - i if shared else None) for i, b in enumerate(blocks)
+            )
             req.blocks.extend(blocks)
             req.tokens += self.chunk_blocks * self.block_tokens
             req.snapshots[start] = dict(zip(blocks, hashes, strict=True))

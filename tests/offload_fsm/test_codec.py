@@ -39,7 +39,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     3: ("StepScheduled",
         ("scheduled_tokens", "allocated_blocks", "next_step_blocks", "scheduled_requests",
          "free_blocks", "window_block_ids", "reallocated", "time_s")),
-    4: ("RequestFinished", ("req_id", "free_blocks")),
+    4: ("RequestFinished", ("req_id", "free_blocks", "next_step_max_blocks")),
     5: ("RequestPreempted", ("req_id",)),
     6: ("ReceiptsArrived", ("completed", "failed")),
     7: ("HashesRead", ("batch_id", "block_hashes")),
@@ -67,10 +67,10 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
 }
 
 ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
-    RejectReason: ("unhashed", "prefix_broken"),
+    RejectReason: ("unhashed", "prefix_broken", "already_stored"),
     SelectReason: ("window", "cascade", "shielded", "overdue", "fifo"),
     DropCause: ("evicted", "preempted", "id_reuse", "store_failed", "stale", "cache_reset",
-                "shutdown"),
+                "shutdown", "duplicate"),
     HoldReason: ("drain_cap", "pin_budget", "in_flight"),
     IgnoreReason: ("unknown_request", "excess_count"),
 }

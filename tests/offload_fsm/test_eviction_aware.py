@@ -33,6 +33,7 @@ from offload_fsm.events import FreeQueueRead
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import window_depth
 from offload_fsm.policies import OVERDUE_RANK, SHIELDED_RANK
+from offload_fsm.state import holders
 
 from .helpers import Harness, ea
 
@@ -201,7 +202,7 @@ def test_equal_rank_ties_go_to_the_earlier_admitted_request() -> None:
     h.offer("second", blocks=(shared, h.new_blocks(1)[0]))
     h.offer("first", blocks=(shared, h.new_blocks(1)[0]))  # indexed after second's op
     h.finish("first", "second")
-    assert [op.req.req_id for op in h.state.owners[shared]] == ["second", "first"]
+    assert [op.req.req_id for op in holders(h.state.owners[shared])] == ["second", "first"]
     place(h, 0, shared)
     step = h.tick(allocated=4)
     assert [(d.req_id, d.rank, d.ops) for d in step.of(OpsSelected)] == [

@@ -47,7 +47,7 @@ from offload_fsm.events import (
     StepScheduled,
 )
 from offload_fsm.invariants import ledger_terms
-from offload_fsm.state import State
+from offload_fsm.state import State, holders
 
 from .helpers import Harness, ea, fifo
 
@@ -495,7 +495,7 @@ def _snapshot(state: State) -> tuple[Any, ...]:
         and isinstance(getattr(state, field.name), int | float | str | bool | type(None))
     )
     return (canonical, scalars, tuple(state.awaiting_hashes), tuple(state.deadlines),
-            tuple(sorted((b, len(ops)) for b, ops in state.owners.items())),
+            tuple(sorted((b, len(holders(e))) for b, e in state.owners.items())),
             state.context is None)
 
 

@@ -42,7 +42,11 @@ class OffloadMachine(RuleBasedStateMachine):
             horizon_steps=2.5, max_drain_per_step=3,
             max_deferral_seconds=0.05 if self.policy is Policy.EVICTION_AWARE else 0.0,
         )
-        self.world = World(state=new_state(config, world_size=WORLD_SIZE), pool=FakePool(12))
+        self.world = World(
+            state=new_state(config, world_size=WORLD_SIZE),
+            pool=FakePool(12),
+            shared_first_chunk=True,
+        )
         self.settled_batches: set[int] = set()
 
     # -- requests ---------------------------------------------------------
