@@ -103,6 +103,7 @@ class _Encoder:
         self._created_s = 0.0
         self._file_index = -1
         self._next_seq = 0
+        self._item_seq = 0
         self._header_payload = b""
         self._pub_endpoint = pub_endpoint
         self._socket: Any = None
@@ -114,8 +115,13 @@ class _Encoder:
     def __call__(self, item: Any) -> bytes:
         kind = item[0]
         created = self._created_s
+        # The writer encodes an item before it knows that the item starts a
+        # new file, so a header's seq is the first event of the last item.
+        if kind != HEADER:
+            self._item_seq = self._next_seq
         if kind == INPUTS:
             _, seq, wall_s, applied = item
+            self._item_seq = seq
             payload = encode_inputs(seq, round((wall_s - created) * 1000.0), applied,
                                     full_outcomes=self._full)
             self._next_seq = seq + len(applied)
@@ -137,13 +143,17 @@ class _Encoder:
         return payload
 
     def _header(self) -> bytes:
+        # created_s stays the run's start in every file, so the times of an
+        # item encoded just before a rotation stay right in the new file.
         now = time.time()
-        self._created_s = now
+        if self._file_index < 0:
+            self._created_s = now
         self._file_index += 1
         self._header_payload = encode_header(
-            Header(seq=self._next_seq, wall_time_s=now, schema=SCHEMA_VERSION,
+            Header(seq=self._item_seq, wall_time_s=now, schema=SCHEMA_VERSION,
                    config=self._config, policy=self._policy, world_size=self._world_size,
-                   versions=self._versions, created_s=now, file_index=self._file_index,
+                   versions=self._versions, created_s=self._created_s,
+                   file_index=self._file_index,
                    digest_every=self._digest_every, full_outcomes=self._full)
         )
         return self._header_payload

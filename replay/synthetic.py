@@ -5,7 +5,8 @@ tests, benchmarks and demos of the replay tool.
 small continuous-batching server: requests arrive up to a concurrency limit,
 each step advances every running request by one chunk while the block pool
 has room, requests finish at their target length (freeing their blocks),
-the youngest request is preempted when nothing can make progress, and each
+the youngest request holding blocks is preempted when nothing can make
+progress, and each
 submitted store is confirmed by every worker one to three steps later (a
 few report a failure). Every applied callback goes to ``sink(applied, state)`` as the
 connector would hand it to its recorder. Same arguments, same events.
@@ -82,9 +83,9 @@ def run_workload(
         tokens = world.schedule(advance, next_step_blocks=next_blocks)
         for store in world.submissions[submitted_before:]:
             receipts_due.setdefault(step + rng.randint(1, 3), []).append(store.req_id)
-        if tokens == 0 and world.active:
-            youngest = max(world.active, key=lambda r: int(r[4:]))
-            world.preempt(youngest)
+        holding = [r for r, request in world.active.items() if request.blocks]
+        if tokens == 0 and holding:
+            world.preempt(max(holding, key=lambda r: int(r[4:])))
         for req_id in advance:
             request = world.active.get(req_id)
             if request is not None and request.tokens >= targets[req_id] * 64:

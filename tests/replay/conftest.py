@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.recording import EventRecorder
+from offload_fsm.config import OffloadConfig
+from replay.synthetic import RecordingWorld, default_config, run_workload
+
+VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
+
+
+def record_workload(
+    directory: Path, *, config: OffloadConfig | None = None, world_size: int = 2,
+    recorder_options: dict[str, Any] | None = None, **workload: Any,
+) -> tuple[Path, RecordingWorld]:
+    config = config or default_config()
+    recorder = EventRecorder(config, world_size, str(directory), VERSIONS, prefix="run",
+                             register_atexit=False, **(recorder_options or {}))
+    world = run_workload(config=config, world_size=world_size, sink=recorder.record,
+                         **workload)
+    recorder.close(world.state)
+    return directory, world
+
+
+@pytest.fixture
+def small_log(tmp_path: Path) -> Path:
+    directory, _ = record_workload(tmp_path / "small", requests=6, seed=3, pool_blocks=24,
+                                   concurrency=3, max_chunks=3,
+                                   recorder_options={"digest_every": 10})
+    return directory / "run-000000.lolog"
+
+
+@pytest.fixture
+def mixed_log(tmp_path: Path) -> Path:
+    directory, _ = record_workload(tmp_path / "mixed", requests=120, seed=5, pool_blocks=64,
+                                   concurrency=8, recorder_options={"digest_every": 100})
+    return directory

@@ -1,0 +1,151 @@
+"""verify: clean on recorded runs (incl. the stateful model test's), loud on
+an altered decision or digest, a lost event or rotation trouble."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import msgpack
+from hypothesis import settings
+
+from connector.recording import EventRecorder
+from offload_fsm.framing import Record, frame, scan
+from replay.runner import replay
+from replay.synthetic import RecordingWorld
+from tests.offload_fsm.test_stateful import EvictionAwareMachine, FifoMachine
+from tests.replay.conftest import VERSIONS, record_workload
+
+
+def _rewrite(path: Path, change) -> None:  # type: ignore[no-untyped-def]
+    out = []
+    for item in scan(path.read_bytes()):
+        assert isinstance(item, Record)
+        out.append(frame(change(item.payload)))
+    path.write_bytes(b"".join(out))
+
+
+def test_verify_is_clean_on_a_mixed_run(mixed_log: Path) -> None:
+    result = replay(mixed_log)
+    assert result.ok, (result.divergence, result.damage, result.lost)
+    assert result.ended_cleanly and result.digests_checked >= 5
+    assert result.events_applied > 1000
+
+
+def test_an_altered_decision_check_is_the_first_divergence(mixed_log: Path) -> None:
+    path = mixed_log / "run-000000.lolog"
+    altered = {}
+
+    def change(payload: bytes) -> bytes:
+        item = list(msgpack.unpackb(payload))
+        if item[0] == 2 and not altered:
+            for i in range(4, len(item), 2):
+                if item[i]:  # the first non-empty outcome
+                    item[i] ^= 1
+                    altered["seq"] = item[1] + (i - 4) // 2
+                    break
+        return msgpack.packb(item)
+
+    _rewrite(path, change)
+    result = replay(mixed_log)
+    assert result.divergence is not None
+    assert result.divergence.kind == "outcome"
+    assert result.divergence.seq == altered["seq"]
+
+
+def test_an_altered_event_diverges_at_the_next_digest_or_outcome(mixed_log: Path) -> None:
+    path = mixed_log / "run-000000.lolog"
+
+    def change(payload: bytes) -> bytes:
+        item = list(msgpack.unpackb(payload))
+        if item[0] == 3 and item[1] == 99:
+            item[3] = "0" * 16
+        return msgpack.packb(item)
+
+    _rewrite(path, change)
+    result = replay(mixed_log)
+    assert result.divergence is not None and result.divergence.kind == "digest"
+    assert result.divergence.seq == 99
+
+
+def test_full_outcomes_show_expected_and_got(tmp_path: Path) -> None:
+    directory, _ = record_workload(tmp_path, requests=20, seed=1,
+                                   recorder_options={"full_outcomes": True})
+    assert replay(directory).ok
+    path = directory / "run-000000.lolog"
+
+    def change(payload: bytes) -> bytes:
+        item = list(msgpack.unpackb(payload))
+        if item[0] == 2:
+            for i in range(4, len(item), 2):
+                decisions, commands = item[i]
+                if decisions:
+                    item[i] = [decisions[1:], commands]
+                    return msgpack.packb(item)
+        return payload
+
+    _rewrite(path, change)
+    result = replay(directory)
+    assert result.divergence is not None
+    assert result.divergence.expected != result.divergence.got
+
+
+def test_rotation_replays_across_files(tmp_path: Path) -> None:
+    directory, world = record_workload(tmp_path, requests=60, seed=2,
+                                       recorder_options={"max_file_bytes": 4000})
+    assert len(list(directory.glob("*.lolog"))) > 3
+    result = replay(directory)
+    assert result.ok and result.events_applied == len(world.applied)
+
+
+def test_a_lost_middle_file_is_reported(tmp_path: Path) -> None:
+    directory, _ = record_workload(tmp_path, requests=60, seed=2,
+                                   recorder_options={"max_file_bytes": 4000})
+    (directory / "run-000001.lolog").unlink()
+    result = replay(directory)
+    assert result.lost and not result.ok
+
+
+def test_a_disabled_recorder_records_nothing(tmp_path: Path) -> None:
+    recorder = EventRecorder(RecordingWorld.__attrs_attrs__ and _config(), 1, None, VERSIONS)
+    assert not recorder.enabled
+    recorder.record([], None)  # type: ignore[arg-type]
+    recorder.close()
+
+
+def _config():  # type: ignore[no-untyped-def]
+    from replay.synthetic import default_config
+
+    return default_config()
+
+
+def _recording(machine_class):  # type: ignore[no-untyped-def]
+    """The stateful model test, with every callback recorded and verified at teardown."""
+
+    class Recorded(machine_class):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self._dir = tempfile.TemporaryDirectory()
+            self._recorder = EventRecorder(self.world.state.config, self.world.state.world_size,
+                                           self._dir.name, VERSIONS, prefix="run",
+                                           digest_every=7, register_atexit=False)
+            old = self.world
+            self.world = RecordingWorld(state=old.state, pool=old.pool,
+                                        sink=self._recorder.record)
+
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+                self._recorder.close(self.world.state)
+                result = replay(self._dir.name)
+                if self.world.state.poisoned is None or self.world.state.closed:
+                    assert result.ok, (result.divergence, result.damage, result.lost)
+                    assert result.events_applied == len(self.world.applied)
+            finally:
+                self._dir.cleanup()
+
+    return Recorded
+
+
+TestRecordedEvictionAware = settings(max_examples=25)(_recording(EvictionAwareMachine)).TestCase
+TestRecordedFifo = settings(max_examples=25)(_recording(FifoMachine)).TestCase
