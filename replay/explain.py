@@ -98,7 +98,9 @@ class ExplainObserver:
             assert isinstance(event, CandidateOffered)
             for block_id in event.block_ids:
                 self.block_users[block_id] = (event.req_id, seq)
-            if event.req_id == me:
+            if event.req_id != me:
+                self._on_other_offer(seq, event, state)
+            else:
                 op = OpStory(generation=self.generation, start_token=event.start_token,
                              end_token=event.end_token, block_ids=event.block_ids,
                              block_hashes=event.block_hashes,
@@ -150,6 +152,16 @@ class ExplainObserver:
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
                 self._say(seq, state, "LMCache session ended")
+
+    def _on_other_offer(self, seq: int, event: CandidateOffered, state: State) -> None:
+        """Another request's chunk was allocated blocks that our ops still need."""
+        reused = set(event.block_ids)
+        for op in self.ops:
+            if op.status in ("buffered", "selected"):
+                hit = [b for b in op.block_ids if b in reused]
+                if hit:
+                    self._say(seq, state, f"block(s) {hit} were reallocated to {event.req_id} "
+                              f"(its chunk [{event.start_token}, {event.end_token}))", [op])
 
     def _in_flight_batch(self) -> int:
         for batch_id, ops in reversed(self.batches.items()):

@@ -1,0 +1,144 @@
+"""explain tells the story of a block reused before drain; CLI exit codes,
+summary, whatif, timeline and tail."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from connector.recording import EventRecorder
+from offload_fsm import OffloadConfig, Policy, new_state
+from offload_fsm.testing.world import FakePool
+from replay.cli import main
+from replay.explain import ExplainObserver
+from replay.runner import replay
+from replay.synthetic import RecordingWorld
+from replay.tail import follow
+from tests.replay.conftest import VERSIONS
+
+CONFIG = OffloadConfig(enabled=True, policy=Policy.EVICTION_AWARE, horizon_steps=2.5,
+                       max_drain_per_step=8)
+
+
+def _reuse_before_drain(directory: Path, pub_endpoint: str = "") -> Path:
+    """A finishes while the free queue cannot spare its blocks (no shield);
+    B's next chunk is allocated A's freed blocks before any drain sees them."""
+    recorder = EventRecorder(CONFIG, 1, str(directory), VERSIONS, prefix="run",
+                             register_atexit=False, pub_endpoint=pub_endpoint)
+    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(2),
+                           sink=recorder.record)
+    world.arrive("A")
+    world.schedule(["A"], next_step_blocks=2)
+    world.finish("A")
+    world.arrive("B")
+    world.schedule(["B"], next_step_blocks=2)
+    world.finish("B")
+    world.settle_all()
+    world.shutdown()
+    assert world.violations == []
+    recorder.close(world.state)
+    return directory
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_explain_tells_the_story_of_a_block_reused_before_drain(tmp_path: Path) -> None:
+    log = _reuse_before_drain(tmp_path)
+    observer = ExplainObserver("A")
+    assert replay(log, observer=observer).ok
+    (op,) = observer.ops
+    assert (op.start_token, op.end_token, op.status, op.cause) == (0, 64, "dropped", "evicted")
+    assert op.block_id in op.block_ids and op.reused_by == "B"
+    texts = [line["text"] for line in observer.lines]
+    assert texts[0] == "arrived" and texts[1].startswith("buffered [0, 64) on blocks")
+    assert any(t.startswith("finished") for t in texts)
+    reused = next(i for i, t in enumerate(texts) if "reallocated to B" in t)
+    dropped = next(i for i, t in enumerate(texts) if t.startswith("DROPPED"))
+    assert reused < dropped and "reused by B" in texts[dropped]
+    assert texts[-1] == "LMCache session ended"
+
+    code, out, _ = _run("explain", str(log), "--request", "A", "--tokens", "0:64")
+    assert code == 0 and "DROPPED (evicted, block" in out and "reused by B" in out
+    code, out, _ = _run("explain", str(log), "--request", "A", "--json")
+    assert code == 0 and json.loads(out)["ops"][0]["reused_by"] == "B"
+    code, out, _ = _run("explain", str(log), "--request", "nobody")
+    assert code == 0 and "does not appear" in out
+
+
+def test_cli_exit_codes(tmp_path: Path, small_log: Path) -> None:
+    assert _run("verify", str(small_log))[0] == 0
+    code, out, _ = _run("verify", str(small_log), "--json")
+    assert code == 0 and json.loads(out)["ok"] is True
+    assert _run("verify", str(tmp_path / "missing.lolog"))[0] == 2
+    assert _run("verify")[0] == 2
+    assert _run("bogus")[0] == 2
+    assert _run("explain", str(small_log), "--request", "x", "--tokens", "5:1")[0] == 2
+    data = bytearray(small_log.read_bytes())
+    data[40] ^= 0xFF
+    small_log.write_bytes(bytes(data))
+    code, _, err = _run("verify", str(small_log))
+    assert code == 3 and "damage:" in err
+    small_log.write_bytes(b"")
+    assert _run("verify", str(small_log))[0] == 3
+
+
+def test_summary_whatif_timeline(tmp_path: Path, mixed_log: Path) -> None:
+    code, out, _ = _run("summary", str(mixed_log), "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["ledger_closes"]
+    assert summary["ledger"]["ops"]["admitted"] > 0
+    code, out, _ = _run("summary", str(mixed_log))
+    assert code == 0 and "ledger closes: yes" in out and "deferral" in out
+    code, out, _ = _run("whatif", str(mixed_log), "--policy", "FIFO")
+    assert code == 0 and "CAVEAT" in out and "what-if FIFO" in out
+    code, out, _ = _run("whatif", str(mixed_log), "--set", "max_drain_per_step=2", "--json")
+    assert code == 0 and json.loads(out)["whatif"].startswith("EVICTION_AWARE")
+    assert _run("whatif", str(mixed_log), "--set", "max_drain_per_step=0")[0] == 2
+    html_path = tmp_path / "t.html"
+    assert _run("timeline", str(mixed_log), "-o", str(html_path))[0] == 0
+    assert "<svg" in html_path.read_text() and "pinned blocks" in html_path.read_text()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        code, _, err = _run("timeline", str(mixed_log), "-o", str(tmp_path / "t.png"))
+        assert code == 2 and "matplotlib" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
+    pytest.importorskip("zmq")
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    lines: list[str] = []
+    # The PUB socket binds when the recorder starts; the subscriber connects
+    # and retries, and a PUB drops what was sent before a subscriber joined.
+    thread = threading.Thread(target=lambda: follow(endpoint, lines.append, timeout_s=5.0))
+    thread.start()
+    time.sleep(0.3)
+    recorder = EventRecorder(CONFIG, 1, str(tmp_path), VERSIONS, prefix="run",
+                             register_atexit=False, pub_endpoint=endpoint, digest_every=1)
+    time.sleep(0.5)  # the slow-joiner window of PUB/SUB
+    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
+                           sink=recorder.record)
+    for step in range(5):
+        world.arrive(f"r{step}")
+        world.schedule([f"r{step}"], next_step_blocks=2)
+    recorder.close(world.state)
+    thread.join(10)
+    assert any(" inputs " in line for line in lines), lines
+    assert any(" end (" in line for line in lines), lines
+    assert not any("GAP" in line for line in lines), lines
