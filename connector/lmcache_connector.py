@@ -53,6 +53,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             world_size=world_size,
             group_tokens_per_block=list(self._group_tokens_per_block),
             step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
+            chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
             recorder=_make_recorder(config, world_size),
         )
 

@@ -89,12 +89,18 @@ class EventSourcedManager:
         world_size: int,
         group_tokens_per_block: list[int],
         step_budget_tokens: int = 0,
+        chunk_tokens: int = 0,
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
+        self._all_group_tokens_per_block = list(group_tokens_per_block)
+        # Chunk-level dedup needs one block stride; with several KV groups the
+        # flat block list has none, so ops are then deduplicated whole.
+        single = len(group_tokens_per_block) == 1 and chunk_tokens > 0
+        self._blocks_per_chunk = chunk_tokens // group_tokens_per_block[0] if single else 0
         # The most blocks one schedule() can hand out for its token budget.
         self._step_budget_blocks = self._blocks_for(step_budget_tokens)
         self._recorder = recorder
@@ -143,6 +149,7 @@ class EventSourcedManager:
                 block_ids=block_ids,
                 block_hashes=blocks.hashes_of(self._pool, block_ids),
                 time_s=self._clock(),
+                blocks_per_chunk=self._blocks_per_chunk,
             )
         )
 
@@ -274,16 +281,18 @@ class EventSourcedManager:
     def _store_metadata(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
         latest = self._latest[command.req_id]
         ops = self._op_blocks[command.req_id]
-        merged: list[list[int]] = []
-        start = command.start_token
-        while start < command.end_token:
-            end, group_block_ids = ops.pop(start)
-            if not merged:
-                merged = [list(group) for group in group_block_ids]
-            else:
-                for into, group in zip(merged, group_block_ids, strict=True):
-                    into.extend(group)
-            start = end
+        # The core may have trimmed already-stored chunks off the first op.
+        start = max(s for s in ops if s <= command.start_token)
+        end, first_groups = ops.pop(start)
+        cut = command.start_token - start
+        merged = [
+            list(group[cut // tpb:]) if tpb > 0 else list(group)
+            for group, tpb in zip(first_groups, self._all_group_tokens_per_block, strict=True)
+        ]
+        while end < command.end_token:
+            end, group_block_ids = ops.pop(end)
+            for into, group in zip(merged, group_block_ids, strict=True):
+                into.extend(group)
         return LMCacheMPRequestMetadata(
             request_id=command.req_id,
             direction="STORE",
@@ -319,7 +328,8 @@ class EventSourcedManager:
     def _note(self, outcome: Outcome) -> None:
         for decision in outcome.decisions:
             if isinstance(decision, OpsDropped):
-                self._forget(decision.req_id, decision.start_token, decision.end_token)
+                if decision.ops:  # ops == 0: chunks trimmed off an op that goes on
+                    self._forget(decision.req_id, decision.start_token, decision.end_token)
                 self._log_drop(decision)
             elif isinstance(decision, OpRejected):
                 self._forget(decision.req_id, decision.start_token, decision.end_token)

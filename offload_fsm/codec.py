@@ -119,7 +119,7 @@ def canonical_state(state: State) -> tuple[Any, ...]:
             rec.batch.batch_id if rec.batch is not None else None,
             tuple(
                 (op.op_id, op.start_token, op.end_token, op.block_ids, op.block_hashes,
-                 op.time_s, op.pinned)
+                 op.time_s, op.blocks_per_chunk, op.pinned)
                 for op in rec.ops
             ),
         )

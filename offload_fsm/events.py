@@ -41,7 +41,9 @@ class RequestArrived:
 class CandidateOffered:
     """A chunk-aligned store candidate ``[start_token, end_token)`` of a request
     is ready, with its block ids and the block-hash snapshot read now.
-    Source: ``build_connector_meta`` (the request tracker's store metadata)."""
+    ``blocks_per_chunk`` says how many blocks make one LMCache chunk (0: treat
+    the whole range as one unit). Source: ``build_connector_meta`` (the request
+    tracker's store metadata)."""
 
     TAG: ClassVar[int] = 2
     req_id: str
@@ -50,6 +52,7 @@ class CandidateOffered:
     block_ids: tuple[int, ...]
     block_hashes: tuple[BlockHash, ...]
     time_s: float
+    blocks_per_chunk: int = 0
 
 
 @attrs.frozen(kw_only=True)

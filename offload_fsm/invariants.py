@@ -157,7 +157,7 @@ def indexes_agree(state: State) -> list[str]:
         if {b: sorted(v) for b, v in owners.items()} != indexed:
             problems.append("block owner index disagrees with the buffers")
         claimed: Counter[int] = Counter(
-            op.content_key for batch in state.batches.values() for op in batch.ops
+            key for batch in state.batches.values() for op in batch.ops for key in op.chunk_keys
         )
         if dict(claimed) != state.claimed_keys:
             problems.append(f"claimed keys {state.claimed_keys} != batches' {dict(claimed)}")

@@ -253,6 +253,13 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
             f"{len(event.block_ids)} block ids but {len(event.block_hashes)} hashes "
             "(need equal, non-zero counts)",
         )
+    if event.blocks_per_chunk < 0 or (
+        event.blocks_per_chunk and len(event.block_ids) % event.blocks_per_chunk
+    ):
+        raise InvalidEvent(
+            tag, req_id,
+            f"{len(event.block_ids)} blocks are not whole chunks of {event.blocks_per_chunk}",
+        )
     if rec.next_start_token is not None and event.start_token != rec.next_start_token:
         raise InvalidEvent(
             tag,
@@ -278,7 +285,11 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
         )
         return
     ea = state.config.policy is Policy.EVICTION_AWARE
-    if ea and event.block_hashes[-1] in state.stored_keys:
+    step_blocks = event.blocks_per_chunk
+    chunk_ends = event.block_hashes[step_blocks - 1 :: step_blocks] if step_blocks else (
+        event.block_hashes[-1:]
+    )
+    if ea and all(key in state.stored_keys for key in chunk_ends):
         # Content dedup: LMCache keys chunks by their token prefix, which the last
         # block's (chained) hash names; this chunk is already stored. Not a loss:
         # the request's chain stays intact.
@@ -296,6 +307,7 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
         block_ids=event.block_ids,
         block_hashes=event.block_hashes,
         time_s=event.time_s,
+        blocks_per_chunk=event.blocks_per_chunk,
     )
     state.next_op_id += 1
     counters["admitted_ops"] += 1
@@ -572,9 +584,10 @@ def _select(
             _after_buffer_change(state, rec)
             _maybe_end(state, rec, out)
             return
+        claimed = state.claimed_keys
         for op in ops:
-            key = op.content_key
-            state.claimed_keys[key] = state.claimed_keys.get(key, 0) + 1
+            for key in op.chunk_keys:
+                claimed[key] = claimed.get(key, 0) + 1
     batch = Batch(batch_id=state.next_batch_id, req=rec, ops=ops)
     state.next_batch_id += 1
     state.batches[batch.batch_id] = batch
@@ -602,18 +615,46 @@ def _select(
 
 
 def _skip_duplicates(state: State, rec: RequestState, ops: list[Op], out: _Emit) -> list[Op]:
-    """Drop the leading ops whose content another batch already stored or is
-    storing: the server keys chunks by content, so the chain has no hole."""
+    """Leave out the leading chunks whose content another batch already stored
+    or is storing (the server keys chunks by content, so the chain keeps no
+    hole): whole duplicate ops are dropped, a partly duplicate first op is
+    trimmed to its first new chunk."""
     stored, claimed = state.stored_keys, state.claimed_keys
-    count = 0
-    while count < len(ops) and (ops[count].content_key in stored
-                                or ops[count].content_key in claimed):
-        count += 1
-    if count:
-        duplicates = ops[:count]
-        _release_pinned(state, duplicates, out)
-        _count_drop(state, rec, duplicates, DropCause.DUPLICATE, -1, out)
-    return ops[count:]
+    for index, op in enumerate(ops):
+        keys = op.chunk_keys
+        known = 0
+        while known < len(keys) and (keys[known] in stored or keys[known] in claimed):
+            known += 1
+        if known == len(keys):
+            continue
+        if index:
+            duplicates = ops[:index]
+            _release_pinned(state, duplicates, out)
+            _count_drop(state, rec, duplicates, DropCause.DUPLICATE, -1, out)
+        if known:
+            _trim(state, rec, op, known, out)
+        return ops[index:]
+    _release_pinned(state, ops, out)
+    _count_drop(state, rec, ops, DropCause.DUPLICATE, -1, out)
+    return []
+
+
+def _trim(state: State, rec: RequestState, op: Op, chunks: int, out: _Emit) -> None:
+    """Cut ``chunks`` leading chunks (already stored elsewhere) off ``op``."""
+    chunk_tokens = op.tokens // len(op.chunk_keys)
+    cut_blocks = chunks * op.blocks_per_chunk
+    cut_tokens = chunks * chunk_tokens
+    if op.pinned:
+        _unpin(state, -1, op.block_ids[:cut_blocks], out)
+    state.counters["dropped_duplicate_tokens"] += cut_tokens
+    out.decisions.append(
+        OpsDropped(req_id=rec.req_id, start_token=op.start_token,
+                   end_token=op.start_token + cut_tokens, ops=0, tokens=cut_tokens,
+                   cause=DropCause.DUPLICATE, block_id=-1)
+    )
+    op.start_token += cut_tokens
+    op.block_ids = op.block_ids[cut_blocks:]
+    op.block_hashes = op.block_hashes[cut_blocks:]
 
 
 def _unclaim(state: State, ops: list[Op], *, stored: bool) -> None:
@@ -621,16 +662,16 @@ def _unclaim(state: State, ops: list[Op], *, stored: bool) -> None:
         return
     claimed = state.claimed_keys
     for op in ops:
-        key = op.content_key
-        left = claimed[key] - 1
-        if left:
-            claimed[key] = left
-        else:
-            del claimed[key]
-        if stored:
-            state.stored_keys[key] = None
-            if len(state.stored_keys) > STORED_KEYS_MAX:
-                del state.stored_keys[next(iter(state.stored_keys))]
+        for key in op.chunk_keys:
+            left = claimed[key] - 1
+            if left:
+                claimed[key] = left
+            else:
+                del claimed[key]
+            if stored:
+                state.stored_keys[key] = None
+                if len(state.stored_keys) > STORED_KEYS_MAX:
+                    del state.stored_keys[next(iter(state.stored_keys))]
 
 
 def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, out: _Emit) -> None:
@@ -762,6 +803,10 @@ def _release(state: State, batch_id: int, ops: list[Op], out: _Emit) -> None:
     block_ids = tuple(b for op in ops if op.pinned for b in op.block_ids)
     for op in ops:
         op.pinned = False
+    _unpin(state, batch_id, block_ids, out)
+
+
+def _unpin(state: State, batch_id: int, block_ids: tuple[int, ...], out: _Emit) -> None:
     if not block_ids:
         return
     pins = state.pins

@@ -45,6 +45,7 @@ class Op:
     block_ids: tuple[int, ...]
     block_hashes: tuple[BlockHash, ...]
     time_s: float
+    blocks_per_chunk: int = 0
     pinned: bool = False
 
     @property
@@ -52,12 +53,14 @@ class Op:
         return self.end_token - self.start_token
 
     @property
-    def content_key(self) -> int:
-        """The last block's hash: vLLM block hashes chain their parents, so it
-        names the whole token prefix this op ends (LMCache keys chunks the same way)."""
-        key = self.block_hashes[-1]
-        assert key is not None, "admitted ops are fully hashed"
-        return key
+    def chunk_keys(self) -> tuple[int, ...]:
+        """Each chunk's content key: the hash of its last block. vLLM block hashes
+        chain their parents, so it names the whole token prefix the chunk ends,
+        which is how LMCache keys the chunk too."""
+        step = self.blocks_per_chunk
+        keys = self.block_hashes[step - 1 :: step] if step else self.block_hashes[-1:]
+        assert None not in keys, "admitted ops are fully hashed"
+        return keys  # type: ignore[return-value]
 
 
 @attrs.define(slots=True, eq=False)

@@ -120,7 +120,7 @@ class World:
     pool: FakePool
     block_tokens: int = 32
     chunk_blocks: int = 2
-    shared_first_chunk: bool = False  # every request's first chunk has the same content
+    shared_first_chunk: bool = False  # every request's first block has the same content
     time_s: float = 0.0
     active: dict[str, FakeRequest] = attrs.Factory(dict)
     finished: dict[str, FakeRequest] = attrs.Factory(dict)  # awaiting session end
@@ -200,8 +200,8 @@ class World:
                 continue
             start = req.tokens
             shared = self.shared_first_chunk and start == 0
-            hashes = tuple(
-                self.pool.fill(b, -1 - i if shared else None) for i, b in enumerate(blocks)
+            hashes = tuple(  # a shared first block: chunk-level dedup trims it
+                self.pool.fill(b, -1 if shared and i == 0 else None) for i, b in enumerate(blocks)
             )
             req.blocks.extend(blocks)
             req.tokens += self.chunk_blocks * self.block_tokens
@@ -210,7 +210,7 @@ class World:
             offers.append(
                 CandidateOffered(req_id=req_id, start_token=start, end_token=req.tokens,
                                  block_ids=tuple(blocks), block_hashes=hashes,
-                                 time_s=self.time_s)
+                                 time_s=self.time_s, blocks_per_chunk=1)
             )
         tokens = len(offers) * self.chunk_blocks * self.block_tokens
         for offer in offers:

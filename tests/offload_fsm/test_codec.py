@@ -35,7 +35,8 @@ ALL_TYPES = (*EVENT_TYPES, *DECISION_TYPES, *COMMAND_TYPES)
 WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("RequestArrived", ("req_id",)),
     2: ("CandidateOffered",
-        ("req_id", "start_token", "end_token", "block_ids", "block_hashes", "time_s")),
+        ("req_id", "start_token", "end_token", "block_ids", "block_hashes", "time_s",
+         "blocks_per_chunk")),
     3: ("StepScheduled",
         ("scheduled_tokens", "allocated_blocks", "next_step_blocks", "scheduled_requests",
          "free_blocks", "window_block_ids", "reallocated", "time_s")),
