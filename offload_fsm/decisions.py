@@ -163,6 +163,17 @@ class BatchOrphaned:
     batch_id: int
 
 
+@attrs.frozen(kw_only=True)
+class ShieldLifted:
+    """An empty step (the engine went idle) unpinned ops shielded at finish:
+    idle never drains, so pins must not outlive the traffic."""
+
+    TAG: ClassVar[int] = 109
+    req_id: str
+    ops: int
+    blocks: int
+
+
 Decision = (
     OpRejected
     | OpsSelected
@@ -173,6 +184,7 @@ Decision = (
     | ReceiptIgnored
     | OpsShielded
     | BatchOrphaned
+    | ShieldLifted
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -185,4 +197,5 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     ReceiptIgnored,
     OpsShielded,
     BatchOrphaned,
+    ShieldLifted,
 )

@@ -45,8 +45,9 @@ danger depth, applies reported reallocations (incremental loss detection:
 only blocks allocated this step are checked, through the block->op index),
 then plans a drain (``policies``). Its commands are answered before the next
 observation; a ``FreeQueueRead`` answer runs the pin-cascade round. A step
-with zero scheduled tokens changes nothing but a counter: vLLM discards
-connector metadata built on it.
+with zero scheduled tokens selects nothing (vLLM discards connector metadata
+built on it); it only lifts the shields of finished requests, because an idle
+engine must not hold pins.
 
 Ledger (ops; the same holds for tokens)::
 
@@ -84,6 +85,7 @@ from offload_fsm.decisions import (
     ReceiptIgnored,
     RejectReason,
     SelectReason,
+    ShieldLifted,
     StoreSettled,
     StoreSubmitted,
 )
@@ -152,8 +154,11 @@ def watches(state: State, block_id: int) -> bool:
 
 
 def has_in_flight(state: State) -> bool:
-    """Whether a submitted store awaits receipts (vLLM must keep stepping)."""
-    return any(b.status is BatchStatus.IN_FLIGHT for b in state.batches.values())
+    """Whether vLLM must keep stepping: a submitted store awaits receipts, or
+    shielded ops hold pins that the next empty step will lift."""
+    return bool(state.shielded) or any(
+        b.status is BatchStatus.IN_FLIGHT for b in state.batches.values()
+    )
 
 
 # --------------------------------------------------------------------------
@@ -337,6 +342,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
         state.last_step_tokens = 0
         state.selected_in_step = 0
         counters["empty_steps"] += 1
+        _lift_shields(state, out)
         return
     expected = min(
         window_depth(
@@ -707,6 +713,16 @@ def _maybe_shield(
         OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
                     free_blocks=free_blocks, depth_blocks=reach)
     )
+
+
+def _lift_shields(state: State, out: _Emit) -> None:
+    for req_id in list(state.shielded):
+        rec = state.requests[req_id]
+        pinned = [op for op in rec.ops if op.pinned]
+        blocks = sum(len(op.block_ids) for op in pinned)
+        _release(state, -1, pinned, out)
+        del state.shielded[req_id]
+        out.decisions.append(ShieldLifted(req_id=req_id, ops=len(pinned), blocks=blocks))
 
 
 def _apply_reallocations(
