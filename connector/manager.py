@@ -173,7 +173,7 @@ class EventSourcedManager:
                 scheduled_tokens=tokens,
                 allocated_blocks=len(allocated),
                 next_step_blocks=next_step_blocks,
-                scheduled_requests=len(scheduler_output.num_scheduled_tokens),
+                reserve_blocks=self._reserve_blocks(scheduler_output),
                 free_blocks=free,
                 window_block_ids=blocks.free_queue_head(pool, min(depth, free)),
                 reallocated=reallocated,
@@ -229,6 +229,26 @@ class EventSourcedManager:
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
         self._feed(PrefixCacheReset())
+
+    def _reserve_blocks(self, scheduler_output: Any) -> int:
+        """Blocks this step's running requests are expected to need next step:
+        a decode whose next token starts a new block, and a prefilling request
+        continuing with a chunk like this one."""
+        block = self._group_tokens_per_block[0] if self._group_tokens_per_block else 1
+        scheduled = scheduler_output.num_scheduled_tokens
+        computed: dict[str, int] = {
+            r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs
+        }
+        cached = scheduler_output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        groups = max(1, len(self._group_tokens_per_block))
+        need = 0
+        for req_id, tokens in scheduled.items():
+            if tokens > 1:
+                need += -(-tokens // block)
+            elif (computed.get(req_id, 0) + tokens) % block == 0:
+                need += 1
+        return need * groups
 
     def _blocks_for(self, tokens: int) -> int:
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)

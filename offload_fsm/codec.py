@@ -147,7 +147,8 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         tuple(state.shielded),
         batches,
         tuple(sorted(state.pins.items())),
-        tuple(state.stored_keys),
+        len(state.stored_keys),  # membership by a running fingerprint: O(1), not O(2^18)
+        state.stored_keys_xor,
         tuple(sorted(state.claimed_keys.items())),
         state.poisoned,
     )

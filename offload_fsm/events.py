@@ -63,8 +63,9 @@ class StepScheduled:
       scheduled_tokens: total tokens scheduled this step (0 = empty step).
       allocated_blocks: gross count of block ids newly handed out this step.
       next_step_blocks: feed-forward estimate of next step's allocation.
-      scheduled_requests: requests scheduled this step; each may need one
-        more block next step (the reserve the pin budget keeps free).
+      reserve_blocks: the shell's estimate of the blocks this step's running
+        requests need next step (decodes crossing a block boundary plus
+        continuing prefill chunks): the reserve the pin budget keeps free.
       free_blocks: length of vLLM's free queue after this step's allocation.
       window_block_ids: the first ``window_depth(...)`` block ids of the free
         queue from the eviction head (rank 0 first), as the connector read them.
@@ -78,7 +79,7 @@ class StepScheduled:
     scheduled_tokens: int
     allocated_blocks: int
     next_step_blocks: int
-    scheduled_requests: int
+    reserve_blocks: int
     free_blocks: int
     window_block_ids: tuple[int, ...]
     reallocated: tuple[tuple[int, BlockHash], ...]

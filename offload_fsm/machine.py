@@ -331,7 +331,7 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
 def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     tag = event.TAG
     if min(event.scheduled_tokens, event.allocated_blocks, event.next_step_blocks,
-           event.scheduled_requests, event.free_blocks) < 0:
+           event.reserve_blocks, event.free_blocks) < 0:
         raise InvalidEvent(tag, None, f"negative count in {event!r}")
     if event.time_s < state.time_s:
         raise InvalidEvent(tag, None, f"time went back from {state.time_s} to {event.time_s}")
@@ -366,7 +366,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     state.time_s = event.time_s
     state.free_blocks = event.free_blocks
     state.next_step_blocks = event.next_step_blocks
-    state.reserve_blocks = event.scheduled_requests
+    state.reserve_blocks = event.reserve_blocks
     if state.config.policy is Policy.FIFO:
         _apply_plan(state, plan_fifo(state), out)
         return
@@ -378,7 +378,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     _apply_reallocations(state, event.reallocated, out)
     ctx = StepContext(
         ops_left=state.config.max_drain_per_step,
-        pin_headroom_blocks=max(0, event.free_blocks - event.scheduled_requests),
+        pin_headroom_blocks=max(0, event.free_blocks - event.reserve_blocks),
         depth_blocks=state.depth_blocks,
         window_seen=set(event.window_block_ids),
     )
@@ -674,10 +674,13 @@ def _unclaim(state: State, ops: list[Op], *, stored: bool) -> None:
                 claimed[key] = left
             else:
                 del claimed[key]
-            if stored:
+            if stored and key not in state.stored_keys:
                 state.stored_keys[key] = None
+                state.stored_keys_xor ^= key
                 if len(state.stored_keys) > STORED_KEYS_MAX:
-                    del state.stored_keys[next(iter(state.stored_keys))]
+                    oldest = next(iter(state.stored_keys))
+                    del state.stored_keys[oldest]
+                    state.stored_keys_xor ^= oldest
 
 
 def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, out: _Emit) -> None:

@@ -27,11 +27,12 @@ EVICTION_AWARE (LMCache G3 semantics, plus three rules of ours):
   costs no free blocks and releases pins soonest.
 * Ours: the *pin budget*. Protecting a block that sits in the free queue takes
   it away from the next ``schedule()``. vLLM preempts only when a *running*
-  request cannot get its next block, and a running request needs at most one
-  new block per decode step; so a plan may take at most
-  ``free_blocks - scheduled_requests`` such blocks per step, keeping one free
-  block per running request (upstream's unbudgeted pins raised preemptions).
-  New requests that do not fit simply wait, which costs no recomputation.
+  request cannot get its next block; the shell estimates what the running
+  requests need next step (``reserve_blocks``: decodes that cross a block
+  boundary plus continuing prefill chunks), and a plan may take at most
+  ``free_blocks - reserve_blocks`` queued blocks per step (upstream's
+  unbudgeted pins raised preemptions). New requests that do not fit simply
+  wait, which costs no recomputation.
   A block counts as queued when it is in the window or belongs to a finished
   request (conservative for shared prefix blocks).
 * Ours: the *pin cascade*. Selections made from the window pin window blocks,

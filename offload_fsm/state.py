@@ -180,6 +180,7 @@ class State:
     # EA content dedup: last-block hash of chunks stored (bounded, oldest first out)
     # and of chunks selected or in flight (counted).
     stored_keys: dict[int, None] = attrs.Factory(dict)
+    stored_keys_xor: int = 0  # running fingerprint of stored_keys, for the digest
     claimed_keys: dict[int, int] = attrs.Factory(dict)
     deadlines: list[tuple[float, int, str, int]] = attrs.Factory(list)  # heap
     batches: dict[int, Batch] = attrs.Factory(dict)

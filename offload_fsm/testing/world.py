@@ -224,7 +224,7 @@ class World:
         self.feed(
             StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
                           next_step_blocks=next_step_blocks,
-                          scheduled_requests=len(offers), free_blocks=len(self.pool.free),
+                          reserve_blocks=len(offers), free_blocks=len(self.pool.free),
                           window_block_ids=window if tokens else (),
                           reallocated=reallocated if tokens else (), time_s=self.time_s)
         )

@@ -200,7 +200,7 @@ class Harness:
         return self.feed(
             StepScheduled(
                 scheduled_tokens=tokens, allocated_blocks=allocated,
-                next_step_blocks=next_blocks, scheduled_requests=requests, free_blocks=free,
+                next_step_blocks=next_blocks, reserve_blocks=requests, free_blocks=free,
                 window_block_ids=tuple(window), reallocated=tuple(reallocated),
                 time_s=self.time_s,
             )

@@ -38,7 +38,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
         ("req_id", "start_token", "end_token", "block_ids", "block_hashes", "time_s",
          "blocks_per_chunk")),
     3: ("StepScheduled",
-        ("scheduled_tokens", "allocated_blocks", "next_step_blocks", "scheduled_requests",
+        ("scheduled_tokens", "allocated_blocks", "next_step_blocks", "reserve_blocks",
          "free_blocks", "window_block_ids", "reallocated", "time_s")),
     4: ("RequestFinished", ("req_id", "free_blocks", "next_step_max_blocks")),
     5: ("RequestPreempted", ("req_id",)),
@@ -155,7 +155,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     from offload_fsm.events import StepScheduled
 
     event = StepScheduled(scheduled_tokens=1, allocated_blocks=2, next_step_blocks=3,
-                          scheduled_requests=1, free_blocks=4, window_block_ids=(5, 6),
+                          reserve_blocks=1, free_blocks=4, window_block_ids=(5, 6),
                           reallocated=((7, None), (8, 2**64 - 1)), time_s=0.25)
     back = decode(encode(event))
     assert isinstance(back.window_block_ids, tuple)

@@ -543,27 +543,27 @@ INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
     ),
     "window_of_wrong_length": (
         lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=4, next_step_blocks=0,
-                                scheduled_requests=1, free_blocks=100,
+                                reserve_blocks=1, free_blocks=100,
                                 window_block_ids=FILLER[:3], reallocated=(),
                                 time_s=h.time_s + 1),
         "window has 3 blocks, expected 10",
     ),
     "empty_step_with_a_window": (
         lambda h: StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
-                                scheduled_requests=0, free_blocks=100,
+                                reserve_blocks=0, free_blocks=100,
                                 window_block_ids=FILLER[:1], reallocated=(),
                                 time_s=h.time_s + 1),
         "empty step carries a window",
     ),
     "time_going_back": (
         lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0,
-                                scheduled_requests=1, free_blocks=100, window_block_ids=(),
+                                reserve_blocks=1, free_blocks=100, window_block_ids=(),
                                 reallocated=(), time_s=h.time_s - 1),
         "time went back",
     ),
     "negative_count": (
         lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=-1, next_step_blocks=0,
-                                scheduled_requests=1, free_blocks=100, window_block_ids=(),
+                                reserve_blocks=1, free_blocks=100, window_block_ids=(),
                                 reallocated=(), time_s=h.time_s + 1),
         "negative count",
     ),
@@ -624,7 +624,7 @@ def test_observation_while_answers_are_outstanding_is_invalid() -> None:
     h.offer("a")
     h.finish("a")
     outcome = step(h.state, StepScheduled(
-        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, scheduled_requests=1,
+        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, reserve_blocks=1,
         free_blocks=0, window_block_ids=(), reallocated=(), time_s=5.0))
     read = next(c for c in outcome.commands if isinstance(c, ReadHashes))
     before = _snapshot(h.state)
@@ -642,7 +642,7 @@ def test_wrong_number_of_hashes_in_an_answer_is_invalid() -> None:
     h.offer("a")
     h.finish("a")
     outcome = step(h.state, StepScheduled(
-        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, scheduled_requests=1,
+        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, reserve_blocks=1,
         free_blocks=0, window_block_ids=(), reallocated=(), time_s=5.0))
     read = next(c for c in outcome.commands if isinstance(c, ReadHashes))
     with pytest.raises(InvalidEvent, match="1 hashes read, expected 2"):

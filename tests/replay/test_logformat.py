@@ -40,7 +40,7 @@ EVERY_EVENT = (
     CandidateOffered(req_id="r-1", start_token=0, end_token=64, block_ids=(3, 4),
                      block_hashes=(2**63 + 5, None), time_s=1.25),
     StepScheduled(scheduled_tokens=64, allocated_blocks=2, next_step_blocks=2,
-                  scheduled_requests=1, free_blocks=10, window_block_ids=(7, 8, 9),
+                  reserve_blocks=1, free_blocks=10, window_block_ids=(7, 8, 9),
                   reallocated=((3, 11), (4, None)), time_s=1.5),
     RequestFinished(req_id="r-1", free_blocks=12),
     RequestPreempted(req_id="r-2"),
