@@ -28,7 +28,7 @@ def _rewrite(path: Path, change) -> None:  # type: ignore[no-untyped-def]
 def test_verify_is_clean_on_a_mixed_run(mixed_log: Path) -> None:
     result = replay(mixed_log)
     assert result.ok, (result.divergence, result.damage, result.lost)
-    assert result.ended_cleanly and result.digests_checked >= 5
+    assert result.ended_cleanly and result.digests_checked >= 2
     assert result.events_applied > 1000
 
 
