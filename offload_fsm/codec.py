@@ -133,6 +133,7 @@ def canonical_state(state: State) -> tuple[Any, ...]:
     return (
         state.step_index,
         state.ema_blocks,
+        state.peak_blocks,
         state.depth_blocks,
         state.next_step_blocks,
         state.reserve_blocks,

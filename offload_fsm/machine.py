@@ -58,6 +58,7 @@ Ledger (ops; the same holds for tokens)::
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable
 
 import attrs
@@ -103,7 +104,14 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.policies import Plan, danger_depth, next_ema, plan_eviction_aware, plan_fifo
+from offload_fsm.policies import (
+    Plan,
+    danger_depth,
+    next_ema,
+    next_peak,
+    plan_eviction_aware,
+    plan_fifo,
+)
 from offload_fsm.state import (
     STORED_KEYS_MAX,
     Batch,
@@ -371,6 +379,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
         _apply_plan(state, plan_fifo(state), out)
         return
     state.ema_blocks = next_ema(state.ema_blocks, event.allocated_blocks)
+    state.peak_blocks = next_peak(state.peak_blocks, event.allocated_blocks)
     state.depth_blocks = danger_depth(
         state.ema_blocks, event.next_step_blocks, state.config.horizon_steps
     )
@@ -694,13 +703,13 @@ def _maybe_shield(
     state: State, rec: RequestState, free_blocks: int, next_step_max_blocks: int, out: _Emit
 ) -> None:
     """The blind-window rule: blocks freed now join the free-queue tail at rank
-    ``free_blocks``; if the next schedule() can allocate that deep (its token
-    budget, or the danger depth, whichever is larger) it can reallocate them
-    before any drain sees them. Protect them now, unless the engine is idle
-    (depth 0: idle never drains) or the free queue cannot spare one block per
-    running request (the pin budget)."""
+    ``free_blocks``; if the next schedule() can allocate that deep (the danger
+    depth, its token budget, or a recent allocation peak, whichever is
+    largest) it can reallocate them before any drain sees them. Protect them
+    now, unless the engine is idle (depth 0: idle never drains) or the free
+    queue cannot spare the running requests' reserve (the pin budget)."""
     depth = state.depth_blocks
-    reach = max(depth, next_step_max_blocks)
+    reach = max(depth, next_step_max_blocks, math.ceil(state.peak_blocks))
     if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
         return
     ops = [op for op in rec.ops if not op.pinned]

@@ -88,6 +88,16 @@ def next_ema(ema_blocks: float | None, allocated_blocks: int) -> float:
     return EMA_ALPHA * allocated_blocks + (1.0 - EMA_ALPHA) * ema_blocks
 
 
+PEAK_DECAY = 0.95
+
+
+def next_peak(peak_blocks: float, allocated_blocks: int) -> float:
+    """A peak of per-step allocation that decays by 5% a token step. The EMA
+    averages bursts away; a finished request's freed blocks must survive the
+    next burst (an LMCache hit allocates every external token at once)."""
+    return max(float(allocated_blocks), PEAK_DECAY * peak_blocks)
+
+
 def danger_depth(ema_blocks: float, next_step_blocks: int, horizon_steps: float) -> int:
     """``ceil(max(EMA, next-step estimate) * horizon)``, or 0 below 0.5 (idle)."""
     horizon_blocks = max(ema_blocks, float(next_step_blocks)) * horizon_steps

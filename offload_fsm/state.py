@@ -166,6 +166,7 @@ class State:
     selected_in_step: int = 0
     time_s: float = 0.0
     ema_blocks: float | None = None
+    peak_blocks: float = 0.0  # decaying peak of per-step allocation (the shield's reach)
     depth_blocks: int = 0
     next_step_blocks: int = 0
     reserve_blocks: int = 0  # blocks the next step's running requests may need
