@@ -2,9 +2,12 @@
 block objects. Everything it hands the core is plain ints.
 
 * :func:`fingerprint` turns vLLM's ``BlockHashWithGroupId`` (hash bytes plus a
-  4-byte group id) into a 64-bit int: the first 8 bytes of the hash XOR the
-  group id. Two different block contents collide with probability 2^-64 per
-  comparison; the core compares a block only against its own snapshot.
+  4-byte group id) into a 64-bit int: Python's SipHash of the bytes, which
+  CPython caches on the bytes object, so a block is hashed once however often
+  it is read. Two different contents collide with probability 2^-64 per
+  comparison; the core compares a block only against its own snapshot. The
+  value is per-process (``PYTHONHASHSEED``): the log records it, so replay is
+  exact, but fingerprints are not comparable across runs.
 * :func:`free_queue_head` walks the free queue from the eviction head and
   stops after ``depth`` blocks: O(depth), never the whole queue.
 """
@@ -18,15 +21,16 @@ BlockPool = Any  # vllm.v1.core.block_pool.BlockPool (kept untyped: vLLM is opti
 
 
 def fingerprint(block_hash: bytes | None) -> int | None:
-    if block_hash is None:
-        return None
-    raw = bytes(block_hash)
-    return int.from_bytes(raw[:8], "little") ^ int.from_bytes(raw[-4:], "big")
+    return None if block_hash is None else hash(block_hash)
 
 
 def hashes_of(pool: BlockPool, block_ids: Iterable[int]) -> tuple[int | None, ...]:
     blocks = pool.blocks
-    return tuple(fingerprint(blocks[b].block_hash) for b in block_ids)
+    out = []
+    for block_id in block_ids:
+        block_hash = blocks[block_id].block_hash
+        out.append(None if block_hash is None else hash(block_hash))
+    return tuple(out)
 
 
 def free_queue_head(pool: BlockPool, depth: int) -> tuple[int, ...]:

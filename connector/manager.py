@@ -73,7 +73,7 @@ from offload_fsm.events import (
     StepScheduled,
 )
 from offload_fsm.invariants import ledger_terms
-from offload_fsm.machine import Outcome, has_in_flight, watches, window_depth
+from offload_fsm.machine import Outcome, has_in_flight, window_depth
 
 COUNTERS_LOG_INTERVAL_S = 5.0
 MAX_IDS_IN_LOG_LINE = 8
@@ -165,8 +165,8 @@ class EventSourcedManager:
                              allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
         reallocated: tuple[tuple[int, int | None], ...] = ()
         if tokens:
-            state = self.state
-            watched = [b for b in allocated if watches(state, b)]
+            owners = self.state.owners  # read-only: the core's watch set
+            watched = [b for b in allocated if b in owners]
             reallocated = tuple(zip(watched, blocks.hashes_of(pool, watched), strict=True))
         self._feed(
             StepScheduled(
@@ -236,19 +236,17 @@ class EventSourcedManager:
         continuing with a chunk like this one."""
         block = self._group_tokens_per_block[0] if self._group_tokens_per_block else 1
         scheduled = scheduler_output.num_scheduled_tokens
-        computed: dict[str, int] = {
-            r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs
-        }
-        cached = scheduler_output.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        groups = max(1, len(self._group_tokens_per_block))
         need = 0
-        for req_id, tokens in scheduled.items():
+        for request in scheduler_output.scheduled_new_reqs:
+            need += -(-scheduled[request.req_id] // block)  # prefilling: another chunk
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            tokens = scheduled[req_id]
             if tokens > 1:
                 need += -(-tokens // block)
-            elif (computed.get(req_id, 0) + tokens) % block == 0:
-                need += 1
-        return need * groups
+            elif (done + tokens) % block == 0:
+                need += 1  # a decode whose next token opens a new block
+        return need * max(1, len(self._group_tokens_per_block))
 
     def _blocks_for(self, tokens: int) -> int:
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)

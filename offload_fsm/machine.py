@@ -182,7 +182,7 @@ def step(state: State, event: Event) -> Outcome:
         raise TypeError(f"not an offload_fsm event: {event!r}")
     out = _Emit()
     try:
-        if not isinstance(event, HashesRead | FreeQueueRead) and (
+        if not isinstance(event, _ANSWERS) and (
             state.awaiting_hashes or state.awaiting_queue
         ):
             raise InvalidEvent(
@@ -954,6 +954,8 @@ def _pop_overdue(state: State) -> list[RequestState]:
         heapq.heappush(heap, entry)
     return [state.requests[req_id] for req_id in live]
 
+
+_ANSWERS = (HashesRead, FreeQueueRead)
 
 _HANDLERS: dict[type, Callable[[State, Event, _Emit], None]] = {
     RequestArrived: _on_arrived,  # type: ignore[dict-item]

@@ -49,7 +49,7 @@ from collections.abc import Iterable
 import attrs
 
 from offload_fsm.decisions import HoldReason, SelectReason
-from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
+from offload_fsm.state import Op, Phase, RequestState, State, StepContext
 
 EMA_ALPHA = 0.3
 DEPTH_CUTOFF = 0.5
@@ -131,8 +131,12 @@ def plan_eviction_aware(
     """
     due: dict[str, tuple[int, int, RequestState]] = {}  # req -> (rank, due_end, rec)
     held_in_flight: dict[str, RequestState] = {}
+    owners = state.owners
     for rank, block_id in ranked_blocks:
-        for op in holders(state.owners.get(block_id)):
+        entry = owners.get(block_id)
+        if entry is None:
+            continue
+        for op in (entry,) if isinstance(entry, Op) else tuple(entry.values()):
             rec = op.req
             if rec.batch is not None:
                 held_in_flight[rec.req_id] = rec
