@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -30,16 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from demo import workload
 from tests.e2e.conftest import E2E_ENV
 
 for _key, _value in E2E_ENV.items():
     os.environ.setdefault(_key, _value)
 
-SYSTEM_TOKENS = 512
-USER_TOKENS = 160
-SESSIONS = 6
-TURNS = 3
-REPLY_TOKENS = 16
 
 ARMS = ("stock_eager", "stock_lazy_ea", "stock_lazy_fifo", "ours_ea", "ours_fifo")
 
@@ -66,12 +61,10 @@ def _transfer_config(arm: str, server: Any, fifo: tuple[int, int], log_dir: str)
 
 
 def run_arm(arm: str, blocks: int, fifo: tuple[int, int], model_dir: Path, seed: int) -> dict:
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import LLM
 
     from tests.e2e.lmcache_server import LMCacheServer
 
-    rng = random.Random(seed)
-    system = [rng.randrange(3, 2048) for _ in range(SYSTEM_TOKENS)]
     work = Path(tempfile.mkdtemp(prefix=f"sbs-{arm}-"))
     counts_file = work / "counts.json"
     os.environ["BENCH_COUNTS_FILE"] = str(counts_file)
@@ -83,33 +76,13 @@ def run_arm(arm: str, blocks: int, fifo: tuple[int, int], model_dir: Path, seed:
             num_gpu_blocks_override=blocks,
             kv_transfer_config=_transfer_config(arm, server, fifo, str(work / "events")),
         )
-        sampling = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS, ignore_eos=True)
-        history = [list(system) for _ in range(SESSIONS)]
-        for _turn in range(TURNS):
-            for session in range(SESSIONS):
-                history[session] += [rng.randrange(3, 2048) for _ in range(USER_TOKENS)]
-            for start in range(0, SESSIONS, 2):
-                batch = list(range(start, min(start + 2, SESSIONS)))
-                outputs = llm.generate(
-                    [TokensPrompt(prompt_token_ids=history[s]) for s in batch],
-                    sampling, use_tqdm=False,
-                )
-                for s, output in zip(batch, outputs, strict=True):
-                    history[s] += list(output.outputs[0].token_ids)
-        deadline = time.monotonic() + 60
-        while not llm.reset_prefix_cache() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        hit = 0
-        for s in range(SESSIONS):
-            out = llm.generate([TokensPrompt(prompt_token_ids=history[s][:-REPLY_TOKENS])],
-                               sampling, use_tqdm=False)
-            hit += out[0].num_cached_tokens
+        hits = workload.replay_last_turns(llm, workload.chat(llm, seed))
         objects = server.object_count()
         llm.llm_engine.engine_core.shutdown()
         del llm
     wall = time.monotonic() - started
     counts = json.loads(counts_file.read_text()) if counts_file.exists() else {}
-    return {"arm": arm, "l1_objects": objects, "hit_tok": hit, "wall_s": round(wall, 1),
+    return {"arm": arm, "l1_objects": objects, "hit_tok": sum(hits), "wall_s": round(wall, 1),
             **counts}
 
 
@@ -144,7 +117,8 @@ def main() -> int:
     model_dir = Path(tempfile.mkdtemp(prefix="sbs-model-"))
     build_tiny_llama(model_dir)
     print(f"side by side: seed={args.seed} blocks={args.blocks} fifo={fifo[0]}/{fifo[1]} "
-          f"sessions={SESSIONS} turns={TURNS} system_tokens={SYSTEM_TOKENS}", flush=True)
+          f"sessions={workload.SESSIONS} turns={workload.TURNS} "
+          f"system_tokens={workload.SYSTEM_TOKENS}", flush=True)
     rows = []
     for arm in ARMS:
         result_file = Path(tempfile.mkstemp(suffix=".json")[1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import subprocess
 import sys
 import time
@@ -22,14 +21,9 @@ from tests.e2e.conftest import E2E_ENV
 for _key, _value in E2E_ENV.items():
     os.environ.setdefault(_key, _value)
 
+from demo import workload  # noqa: E402
 from tests.e2e.lmcache_server import LMCacheServer  # noqa: E402
 from tests.e2e.tiny_model import build_tiny_llama  # noqa: E402
-
-SYSTEM_TOKENS = 512
-USER_TOKENS = 160
-SESSIONS = 6
-TURNS = 3
-REPLY_TOKENS = 16
 
 
 def main() -> int:
@@ -43,15 +37,14 @@ def main() -> int:
     model_dir = out / "model"
     log_dir = out / "events" / time.strftime("%Y%m%d-%H%M%S")
     print(f"[demo] seed={args.seed} policy={args.policy} blocks={args.blocks} "
-          f"sessions={SESSIONS} turns={TURNS} system_tokens={SYSTEM_TOKENS}")
+          f"sessions={workload.SESSIONS} turns={workload.TURNS} "
+          f"system_tokens={workload.SYSTEM_TOKENS}")
     if not (model_dir / "config.json").exists():
         build_tiny_llama(model_dir)
     print(f"[demo] tiny model: {model_dir}")
 
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import LLM
 
-    rng = random.Random(args.seed)
-    system = [rng.randrange(3, 2048) for _ in range(SYSTEM_TOKENS)]
     with LMCacheServer(log_dir=out / "server") as server:
         print(f"[demo] lmcache server on 127.0.0.1:{server.port} (http {server.http_port})")
         lazy = {
@@ -73,34 +66,13 @@ def main() -> int:
                 "kv_connector_extra_config": server.connector_config(**lazy),
             },
         )
-        sampling = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS, ignore_eos=True)
-        history = [list(system) for _ in range(SESSIONS)]
-        for turn in range(TURNS):
-            for session in range(SESSIONS):
-                history[session] += [rng.randrange(3, 2048) for _ in range(USER_TOKENS)]
-            for start in range(0, SESSIONS, 2):  # two sessions at a time
-                batch = list(range(start, min(start + 2, SESSIONS)))
-                outputs = llm.generate(
-                    [TokensPrompt(prompt_token_ids=history[s]) for s in batch],
-                    sampling, use_tqdm=False,
-                )
-                for s, output in zip(batch, outputs, strict=True):
-                    history[s] += list(output.outputs[0].token_ids)
-            print(f"[demo] turn {turn + 1}: {SESSIONS} sessions, "
-                  f"L1 objects on the server: {server.object_count()}")
-        deadline = time.monotonic() + 30
-        while not llm.reset_prefix_cache() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        replays = [history[s][:-REPLY_TOKENS] for s in range(SESSIONS)]
-        second = []
-        for prompt in replays:  # one at a time: every hit must come from LMCache
-            second += llm.generate([TokensPrompt(prompt_token_ids=prompt)], sampling,
-                                   use_tqdm=False)
-        hit = sum(o.num_cached_tokens for o in second)
-        total = sum(len(p) for p in replays)
-        print(f"[demo] second pass after reset_prefix_cache: {hit}/{total} prompt tokens "
-              f"from LMCache, hit rate {hit / total:.3f}; per session "
-              f"{[o.num_cached_tokens for o in second]}")
+        history = workload.chat(llm, args.seed, on_turn=lambda turn: print(
+            f"[demo] turn {turn + 1}: {workload.SESSIONS} sessions, "
+            f"L1 objects on the server: {server.object_count()}"))
+        hits = workload.replay_last_turns(llm, history)
+        total = sum(len(h) - workload.REPLY_TOKENS for h in history)
+        print(f"[demo] second pass after reset_prefix_cache: {sum(hits)}/{total} prompt tokens "
+              f"from LMCache, hit rate {sum(hits) / total:.3f}; per session {hits}")
         print(f"[demo] L1 objects on the server: {server.object_count()}")
         llm.llm_engine.engine_core.shutdown()
         del llm

@@ -218,7 +218,7 @@ def simulate(
                 assert isinstance(event, StepScheduled)
                 extra = [b for later in events[index + 1 : index + 8]
                          if type(later) is FreeQueueRead
-                         for b in later.window_block_ids]  # type: ignore[union-attr]
+                         for b in later.window_block_ids]
                 world.extra_window = extra
                 feed(world.step_event(event, offered, extra))
                 offered = []
