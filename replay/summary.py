@@ -47,8 +47,9 @@ class SummaryObserver:
                             state.step_index)
             elif kind is OpsDropped:
                 assert isinstance(decision, OpsDropped)
-                self.lost_tokens[decision.req_id] += decision.tokens
-                self.lost_ops[decision.req_id] += decision.ops
+                if decision.cause is not DropCause.DUPLICATE:  # stored by another request
+                    self.lost_tokens[decision.req_id] += decision.tokens
+                    self.lost_ops[decision.req_id] += decision.ops
                 self._taken(decision.req_id, decision.start_token, decision.end_token, None)
 
     def _taken(self, req_id: str, start: int, end: int, step: int | None) -> None:
@@ -76,8 +77,10 @@ def summarize(state: State, observer: SummaryObserver, *, top: int = 10) -> dict
     counters = state.counters
     ledger = {unit: ledger_terms(state, unit) for unit in ("ops", "tokens")}
     admitted = {unit: counters[f"admitted_{unit}"] for unit in ("ops", "tokens")}
+    # A duplicate is not a loss: another request's batch stored the same content.
     dropped = {
-        unit: sum(counters[f"dropped_{cause.value}_{unit}"] for cause in DropCause)
+        unit: sum(counters[f"dropped_{cause.value}_{unit}"]
+                  for cause in DropCause if cause is not DropCause.DUPLICATE)
         for unit in ("ops", "tokens")
     }
     deferrals = sorted(observer.deferrals)
@@ -132,7 +135,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if rejected:
         lines.append("rejected: " + ", ".join(f"{k} {v} ops" for k, v in rejected.items()))
     rate = summary["drop_rate"]
-    lines.append(f"drop rate: {rate['ops']:.2%} of ops, {rate['tokens']:.2%} of tokens")
+    lines.append(f"drop rate (losses, duplicates excluded): {rate['ops']:.2%} of ops, "
+                 f"{rate['tokens']:.2%} of tokens")
     d = summary["deferral_steps"]
     lines.append(f"deferral (steps buffered before selection, {d['count']} ops): "
                  f"mean {d['mean']:.2f}, p50 {d['p50']:g}, p99 {d['p99']:g}, max {d['max']:g}")
