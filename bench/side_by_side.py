@@ -8,8 +8,9 @@ session's last turn replayed alone, so every second-pass hit comes from LMCache.
 Per arm (each in its own process, with a fresh LMCache server):
   stores      STORE operations put into step metadata (counted by ``bench/counting.py``)
   store_tok   tokens those stores covered
-  dropped     buffered ops dropped (stock EA: its ledger, which misses drops found at
-              verification; stock FIFO keeps no counters: n/a)
+  dropped     buffered ops lost (stock EA: its ledger, which misses drops found at
+              verification; stock FIFO keeps no counters: n/a; ours: every cause but
+              duplicate, whose content another request's store already holds)
   l1_objects  objects in the server's L1 after the run (chunks actually written)
   hit_tok     second-pass prompt tokens served from LMCache
   wall_s      engine start to shutdown
@@ -92,7 +93,8 @@ def _dropped(arm: str, counters: dict[str, Any]) -> str:
     if arm == "stock_lazy_fifo":
         return "n/a"
     total = sum(v for k, v in counters.items()
-                if k.startswith("dropped_") and not k.endswith("_tokens") and isinstance(v, int))
+                if k.startswith("dropped_") and not k.endswith("_tokens") and isinstance(v, int)
+                and k != "dropped_duplicate_ops")  # stored by another request: not a loss
     return str(total)
 
 
