@@ -148,9 +148,15 @@ def window_depth(
     state: State, *, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int
 ) -> int:
     """How many free-queue blocks the shell must read into the next
-    ``StepScheduled``: the danger depth after this step's EMA update, capped by
-    nothing (the shell caps by the queue length). 0 for FIFO and empty steps."""
-    if state.config.policy is not Policy.EVICTION_AWARE or scheduled_tokens == 0:
+    ``StepScheduled``: the danger depth after this step's EMA update (the shell
+    caps it by the queue length). 0 for FIFO, for empty steps, and when no
+    buffered op covers any block: then no rank can matter, and the shell
+    skips the walk."""
+    if (
+        state.config.policy is not Policy.EVICTION_AWARE
+        or scheduled_tokens == 0
+        or not state.owners
+    ):
         return 0
     ema = next_ema(state.ema_blocks, allocated_blocks)
     return danger_depth(ema, next_step_blocks, state.config.horizon_steps)

@@ -94,6 +94,8 @@ def test_empty_steps_do_not_touch_the_ema_or_the_depth() -> None:
 
 def test_depth_takes_the_larger_of_ema_and_next_step_estimate() -> None:
     h = harness()
+    h.arrive("a")
+    h.offer("a")  # something buffered: the window is read
     step = h.tick(allocated=2, next_blocks=6)
     assert h.state.depth_blocks == 15  # max(2, 6) * 2.5
     assert len(step.events[0].window_block_ids) == 15
@@ -103,6 +105,8 @@ def test_depth_takes_the_larger_of_ema_and_next_step_estimate() -> None:
 
 def test_window_depth_query_matches_the_depth_after_the_step() -> None:
     h = harness()
+    h.arrive("a")
+    h.offer("a")
     for allocated, next_blocks in [(4, 0), (0, 3), (7, 1), (0, 0)]:
         expected = window_depth(h.state, scheduled_tokens=16, allocated_blocks=allocated,
                                 next_step_blocks=next_blocks)
@@ -111,6 +115,13 @@ def test_window_depth_query_matches_the_depth_after_the_step() -> None:
         assert len(step.events[0].window_block_ids) == expected
     assert window_depth(h.state, scheduled_tokens=0, allocated_blocks=9,
                         next_step_blocks=9) == 0
+
+
+def test_nothing_buffered_means_no_window_walk_but_the_depth_still_tracks() -> None:
+    h = harness()
+    step = h.tick(allocated=2, next_blocks=6)
+    assert step.events[0].window_block_ids == ()
+    assert h.state.depth_blocks == 15
 
 
 @pytest.mark.parametrize(("horizon", "depth"), [(0.4, 0), (0.49, 0), (0.5, 1), (0.8, 1), (1.2, 2)])
