@@ -137,6 +137,7 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         state.depth_blocks,
         state.next_step_blocks,
         state.reserve_blocks,
+        state.pin_steps_ema,
         state.time_s,
         state.next_op_id,
         state.next_batch_id,

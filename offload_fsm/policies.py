@@ -28,10 +28,12 @@ EVICTION_AWARE (LMCache G3 semantics, plus three rules of ours):
 * Ours: the *pin budget*. Protecting a block that sits in the free queue takes
   it away from the next ``schedule()``. vLLM preempts only when a *running*
   request cannot get its next block; the shell estimates what the running
-  requests need next step (``reserve_blocks``: decodes that cross a block
-  boundary plus continuing prefill chunks), and a plan may take at most
-  ``free_blocks - reserve_blocks`` queued blocks per step (upstream's
-  unbudgeted pins raised preemptions). New requests that do not fit simply
+  requests need per step (``reserve_blocks``: decodes that cross a block
+  boundary plus continuing prefill chunks); a pin lives from selection to the
+  last receipt (``pin_steps_ema`` token steps, learned from settled batches),
+  so a plan may take at most ``free_blocks - reserve_blocks * (1 +
+  pin_steps_ema)`` queued blocks per step (upstream's unbudgeted pins raised
+  preemptions). New requests that do not fit simply
   wait, which costs no recomputation.
   A block counts as queued when it is in the window or belongs to a finished
   request (conservative for shared prefix blocks).

@@ -74,6 +74,7 @@ class Batch:
     receipts: int = 0
     failed: bool = False
     orphaned: bool = False
+    selected_step: int = 0  # token step it was selected in (pin lifetime)
 
 
 @attrs.define(slots=True, eq=False)
@@ -170,6 +171,7 @@ class State:
     depth_blocks: int = 0
     next_step_blocks: int = 0
     reserve_blocks: int = 0  # blocks the next step's running requests may need
+    pin_steps_ema: float = 1.0  # token steps from selection to release (a pin's lifetime)
     free_blocks: int = 0
     requests: dict[str, RequestState] = attrs.Factory(dict)
     pending: dict[str, RequestState] = attrs.Factory(dict)  # has buffered ops, in entry order

@@ -467,12 +467,12 @@ def test_pin_budget_holds_when_free_blocks_cannot_cover_the_queued_blocks() -> N
     h.queue = []
     a = finished(h, "a")
     place(h, 0, *a, FILLER[0])  # 3 free blocks, all in the window
-    step = h.tick(allocated=4, requests=2)  # headroom 3 - 2 = 1 < 2 blocks
+    step = h.tick(allocated=4, requests=1)  # headroom 3 - 2 * 1 * (1 + 1) < 2 blocks
     held = step.one(OpsHeld)
     assert (held.req_id, held.ops, held.reason) == ("a", 1, HoldReason.PIN_BUDGET)
     assert step.of(OpsSelected) == [] and step.of(ProtectBlocks) == []
     assert h.state.counters["held_pin_budget"] == 1
-    step = h.tick(allocated=4, requests=1)  # headroom 2
+    step = h.tick(allocated=4, requests=0)  # headroom 3
     assert step.one(OpsSelected).req_id == "a"
 
 
@@ -481,18 +481,18 @@ def test_pin_budget_takes_a_front_slice_that_fits() -> None:
     h.queue = []
     a = finished(h, "a", ops=2)
     place(h, 0, *a, *FILLER[:2])  # 6 free
-    step = h.tick(allocated=4, requests=3)  # headroom 3: one op (2 blocks) fits
+    step = h.tick(allocated=4, requests=1)  # headroom 6 - 4 = 2: one op (2 blocks) fits
     selected = step.one(OpsSelected)
     assert (selected.start_token, selected.end_token) == (0, 64)
 
 
 def test_pin_budget_charges_live_requests_only_for_window_blocks() -> None:
     h = harness()
-    h.queue = [FILLER[0], FILLER[1]]
+    h.queue = list(FILLER[:4])
     h.arrive("live")
     h.offer("live")
     place(h, 0, h.blocks_of["live"][0][0])  # one of its blocks is in the queue
-    step = h.tick(allocated=4, requests=2)  # 3 free - 2 = 1: enough for one block
+    step = h.tick(allocated=4, requests=1)  # 5 free - 2 * 1 * 2 = 1: enough for one block
     assert step.one(OpsSelected).req_id == "live"
 
 
