@@ -154,14 +154,21 @@ class ExplainObserver:
                 self._say(seq, state, "LMCache session ended")
 
     def _on_other_offer(self, seq: int, event: CandidateOffered, state: State) -> None:
-        """Another request's chunk was allocated blocks that our ops still need."""
-        reused = set(event.block_ids)
+        """Another request's chunk covers blocks that our ops still need: with a
+        new hash the block was reallocated (our data is gone); with the same hash
+        it is a prefix-cache hit sharing our content (harmless)."""
+        now = dict(zip(event.block_ids, event.block_hashes, strict=True))
+        where = f"{event.req_id} (its chunk [{event.start_token}, {event.end_token}))"
         for op in self.ops:
             if op.status in ("buffered", "selected"):
-                hit = [b for b in op.block_ids if b in reused]
-                if hit:
-                    self._say(seq, state, f"block(s) {hit} were reallocated to {event.req_id} "
-                              f"(its chunk [{event.start_token}, {event.end_token}))", [op])
+                mine = dict(zip(op.block_ids, op.block_hashes, strict=True))
+                lost = [b for b in op.block_ids if b in now and now[b] != mine[b]]
+                shared = [b for b in op.block_ids if b in now and now[b] == mine[b]]
+                if lost:
+                    self._say(seq, state, f"block(s) {lost} were reallocated to {where}", [op])
+                if shared:
+                    self._say(seq, state, f"{len(shared)} block(s) shared with {where} "
+                              "(prefix-cache hit, content unchanged)", [op])
 
     def _in_flight_batch(self) -> int:
         for batch_id, ops in reversed(self.batches.items()):
