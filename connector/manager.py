@@ -224,7 +224,7 @@ class EventSourcedManager:
             self._stopped = True
         self._log.info(f"Lazy offload final counters: {self.counters_line()}")
         if self._recorder is not None:
-            self._recorder.close()
+            self._recorder.close(self.state)
 
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
