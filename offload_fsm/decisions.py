@@ -142,14 +142,16 @@ class ReceiptIgnored:
 @attrs.frozen(kw_only=True)
 class OpsShielded:
     """At finish, ops whose blocks would land inside the danger window once
-    freed were protected (the blind-window rule)."""
+    freed were protected (the blind-window rule). ``reach_blocks``: how deep
+    the next schedule() can allocate (danger depth, token budget or recent
+    peak, the largest)."""
 
     TAG: ClassVar[int] = 107
     req_id: str
     ops: int
     blocks: int
     free_blocks: int
-    depth_blocks: int
+    reach_blocks: int
 
 
 @attrs.frozen(kw_only=True)

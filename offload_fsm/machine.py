@@ -744,7 +744,7 @@ def _maybe_shield(
     state.counters["shielded_ops"] += len(ops)
     out.decisions.append(
         OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
-                    free_blocks=free_blocks, depth_blocks=reach)
+                    free_blocks=free_blocks, reach_blocks=reach)
     )
 
 

@@ -265,8 +265,8 @@ class ExplainObserver:
             assert isinstance(decision, OpsShielded)
             ops = [op for op in self.ops if op.status == "buffered"]
             self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
-                      f"protected at finish: free queue {decision.free_blocks} < depth "
-                      f"{decision.depth_blocks})", ops)
+                      f"protected at finish: free queue {decision.free_blocks} < reach of "
+                      f"the next step {decision.reach_blocks})", ops)
         elif kind is BatchOrphaned:
             assert isinstance(decision, BatchOrphaned)
             self._say(seq, state, f"batch {decision.batch_id} orphaned (detached from the "

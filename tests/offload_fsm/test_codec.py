@@ -57,7 +57,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     104: ("StoreSettled", ("req_id", "batch_id", "ops", "tokens", "failed", "orphaned")),
     105: ("OpsHeld", ("req_id", "ops", "reason")),
     106: ("ReceiptIgnored", ("req_id", "count", "failed", "reason")),
-    107: ("OpsShielded", ("req_id", "ops", "blocks", "free_blocks", "depth_blocks")),
+    107: ("OpsShielded", ("req_id", "ops", "blocks", "free_blocks", "reach_blocks")),
     108: ("BatchOrphaned", ("req_id", "batch_id")),
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),

@@ -512,7 +512,7 @@ def test_shield_at_finish_when_freed_blocks_land_inside_the_window() -> None:
     result = h.finish("a", free=5)  # reserve 2 <= 5 < D 10
     shielded = result.one(OpsShielded)
     assert (shielded.req_id, shielded.ops, shielded.blocks, shielded.free_blocks,
-            shielded.depth_blocks) == ("a", 2, 4, 5, 10)
+            shielded.reach_blocks) == ("a", 2, 4, 5, 10)
     protect = result.one(ProtectBlocks)
     assert protect.block_ids == blocks
     assert h.state.counters["shielded_ops"] == 2
