@@ -304,21 +304,6 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
                        end_token=event.end_token, reason=RejectReason.UNHASHED)
         )
         return
-    ea = state.config.policy is Policy.EVICTION_AWARE
-    step_blocks = event.blocks_per_chunk
-    chunk_ends = event.block_hashes[step_blocks - 1 :: step_blocks] if step_blocks else (
-        event.block_hashes[-1:]
-    )
-    if ea and all(key in state.stored_keys for key in chunk_ends):
-        # Content dedup: LMCache keys chunks by their token prefix, which the last
-        # block's (chained) hash names; this chunk is already stored. Not a loss:
-        # the request's chain stays intact.
-        counters["rejected_already_stored_ops"] += 1
-        out.decisions.append(
-            OpRejected(req_id=req_id, start_token=event.start_token,
-                       end_token=event.end_token, reason=RejectReason.ALREADY_STORED)
-        )
-        return
     op = Op(
         op_id=state.next_op_id,
         req=rec,
@@ -329,6 +314,17 @@ def _on_offered(state: State, event: CandidateOffered, out: _Emit) -> None:
         time_s=event.time_s,
         blocks_per_chunk=event.blocks_per_chunk,
     )
+    ea = state.config.policy is Policy.EVICTION_AWARE
+    if ea and all(key in state.stored_keys for key in op.chunk_keys):
+        # Content dedup: LMCache keys chunks by their token prefix, which the last
+        # block's (chained) hash names; every chunk is already stored. Not a loss:
+        # the request's chain stays intact.
+        counters["rejected_already_stored_ops"] += 1
+        out.decisions.append(
+            OpRejected(req_id=req_id, start_token=event.start_token,
+                       end_token=event.end_token, reason=RejectReason.ALREADY_STORED)
+        )
+        return
     state.next_op_id += 1
     counters["admitted_ops"] += 1
     counters["admitted_tokens"] += op.tokens
