@@ -49,6 +49,15 @@ with zero scheduled tokens selects nothing (vLLM discards connector metadata
 built on it); it only lifts the shields of finished requests, because an idle
 engine must not hold pins.
 
+Three rules beat LMCache's EVICTION_AWARE where it loses data (the rationale
+is in ``policies``): the *shield* protects a finishing request's buffered ops
+when its freed blocks would land within reach of the next ``schedule()`` (the
+blind window; an empty step lifts shields, idle never holds pins); the *pin
+cascade* re-reads the window after the drain's own pins; the *pin budget*
+keeps the running requests' reserve free. Content dedup (EVICTION_AWARE)
+trims chunks another batch stored or is storing (``DropCause.DUPLICATE``,
+not a loss) and rejects candidates whose chunks are all stored.
+
 Ledger (ops; the same holds for tokens)::
 
     admitted == pending + verifying + in_flight + stored + failed + abandoned
