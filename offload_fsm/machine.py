@@ -397,6 +397,11 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
     )
     counters["window_blocks_read"] += len(event.window_block_ids)
     _apply_reallocations(state, event.reallocated, out)
+    overdue = _pop_overdue(state)
+    if not overdue and not state.shielded and state.owners.keys().isdisjoint(
+        event.window_block_ids
+    ):
+        return  # nothing due: the common step costs one C-level set test
     ctx = StepContext(
         ops_left=state.config.max_drain_per_step,
         pin_headroom_blocks=max(0, event.free_blocks - _pin_reserve(state, event.reserve_blocks)),
@@ -410,7 +415,7 @@ def _on_step(state: State, event: StepScheduled, out: _Emit) -> None:
         enumerate(event.window_block_ids),
         reason=SelectReason.WINDOW,
         with_shielded=True,
-        overdue=_pop_overdue(state),
+        overdue=overdue,
     )
     _apply_plan(state, plan, out)
     _maybe_cascade(state, ctx, plan, out)
