@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.bench_replay [--requests 20000] [--profile]
 
 Builds a realistic mixed log with the synthetic workload over the fake
-engine (``replay.synthetic``), recorded by the connector's ``EventRecorder``,
+engine (``offload_fsm.testing.synthetic``), recorded by the connector's ``EventRecorder``,
 then prints one table:
 
 * replay throughput: decode + fold through ``step`` + compare every check and
@@ -32,9 +32,9 @@ from pathlib import Path
 from connector.recording import EventRecorder
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
+from offload_fsm.testing.synthetic import default_config, run_workload
 from replay.reader import Entry, read_log
 from replay.runner import replay
-from replay.synthetic import default_config, run_workload
 
 VERSIONS = {"package": "bench", "vllm": "", "lmcache": ""}
 

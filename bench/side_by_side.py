@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from demo import workload
-from tests.e2e.conftest import E2E_ENV
+from testkit.env import apply_e2e_env
 
-for _key, _value in E2E_ENV.items():
-    os.environ.setdefault(_key, _value)
+apply_e2e_env()
 
 
 ARMS = ("stock_eager", "stock_lazy_ea", "stock_lazy_fifo", "ours_ea", "ours_fifo")
@@ -64,7 +63,7 @@ def _transfer_config(arm: str, server: Any, fifo: tuple[int, int], log_dir: str)
 def run_arm(arm: str, blocks: int, fifo: tuple[int, int], model_dir: Path, seed: int) -> dict:
     from vllm import LLM
 
-    from tests.e2e.lmcache_server import LMCacheServer
+    from testkit.lmcache_server import LMCacheServer
 
     work = Path(tempfile.mkdtemp(prefix=f"sbs-{arm}-"))
     counts_file = work / "counts.json"
@@ -114,7 +113,7 @@ def main() -> int:
         Path(args.result).write_text(json.dumps(result))
         return 0
 
-    from tests.e2e.tiny_model import build_tiny_llama
+    from testkit.tiny_model import build_tiny_llama
 
     model_dir = Path(tempfile.mkdtemp(prefix="sbs-model-"))
     build_tiny_llama(model_dir)

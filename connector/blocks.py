@@ -1,13 +1,14 @@
 """The connector's view of vLLM's ``BlockPool``: the only module that touches
 block objects. Everything it hands the core is plain ints.
 
-* :func:`fingerprint` turns vLLM's ``BlockHashWithGroupId`` (hash bytes plus a
-  4-byte group id) into a 64-bit int: Python's SipHash of the bytes, which
-  CPython caches on the bytes object, so a block is hashed once however often
-  it is read. Two different contents collide with probability 2^-64 per
-  comparison; the core compares a block only against its own snapshot. The
-  value is per-process (``PYTHONHASHSEED``): the log records it, so replay is
-  exact, but fingerprints are not comparable across runs.
+* :func:`hashes_of` turns each block's ``BlockHashWithGroupId`` (hash bytes
+  plus a 4-byte group id; None while the block is unhashed) into a 64-bit
+  fingerprint: Python's SipHash of the bytes, which CPython caches on the bytes
+  object, so a block is hashed once however often it is read. Two different
+  contents collide with probability 2^-64 per comparison; the core compares a
+  block only against its own snapshot. The value is per-process
+  (``PYTHONHASHSEED``): the log records it, so replay is exact, but
+  fingerprints are not comparable across runs.
 * :func:`free_queue_head` walks the free queue from the eviction head and
   stops after ``depth`` blocks: O(depth), never the whole queue.
 """
@@ -18,10 +19,6 @@ from collections.abc import Iterable
 from typing import Any
 
 BlockPool = Any  # vllm.v1.core.block_pool.BlockPool (kept untyped: vLLM is optional here)
-
-
-def fingerprint(block_hash: bytes | None) -> int | None:
-    return None if block_hash is None else hash(block_hash)
 
 
 def hashes_of(pool: BlockPool, block_ids: Iterable[int]) -> tuple[int | None, ...]:

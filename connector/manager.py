@@ -41,7 +41,7 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
 from connector import blocks
 from connector.logs import get_logger
-from offload_fsm import InvalidEvent, OffloadConfig, Policy, drive, new_state
+from offload_fsm import OffloadConfig, Policy, drive, new_state
 from offload_fsm.commands import (
     Command,
     EndSession,
@@ -51,6 +51,8 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
+from offload_fsm.counters import Counter
+from offload_fsm.errors import CommandFailed, StepFailed
 from offload_fsm.decisions import (
     DropCause,
     OpRejected,
@@ -257,7 +259,7 @@ class EventSourcedManager:
         counters = self.state.counters
         body = " ".join(f"{name}={value}" for name, value in counters.items() if value)
         terms = ledger_terms(self.state)
-        closes = counters["admitted_ops"] == sum(terms.values())
+        closes = counters[Counter.ADMITTED_OPS] == sum(terms.values())
         return f"{body} pending={terms['pending']} ledger_closes={closes}"
 
     # -- the command loop -------------------------------------------------
@@ -267,13 +269,23 @@ class EventSourcedManager:
             return
         try:
             applied = drive(self.state, event, self._execute)
-        except InvalidEvent as error:
+        except StepFailed as error:
+            self._applied(list(error.applied))
+            if self._recorder is not None:
+                self._recorder.record_rejected(error.applied, error.event, error.reason, self.state)
             self._stop(error)
             return
+        except CommandFailed as error:
+            self._applied(list(error.applied))
+            self._stop(error)
+            return
+        self._applied(applied)
+
+    def _applied(self, applied: list[tuple[Event, Outcome]]) -> None:
         for _, outcome in applied:
             self._note(outcome)
         self._seq += len(applied)
-        if self._recorder is not None:
+        if self._recorder is not None and applied:
             self._recorder.record(applied, self.state)
 
     def _execute(self, command: Command) -> Event | None:
@@ -328,7 +340,7 @@ class EventSourcedManager:
         actions, self._actions = self._actions, LazyOffloadActions()
         return actions
 
-    def _stop(self, error: InvalidEvent) -> None:
+    def _stop(self, error: StepFailed | CommandFailed) -> None:
         self._stopped = True
         held = [b for b, n in self.state.pins.items() for _ in range(n)]
         if held and self._pool is not None:

@@ -16,6 +16,13 @@ Contract towards the caller (the vLLM scheduler thread)
   also loses the open step's events, which were not yet queued. Every
   ``digest_every`` events it also enqueues ``codec.state_digest(state)``,
   computed here because the state is mutated by the next ``step``.
+* :meth:`EventRecorder.record_rejected` is the poison path: the callback's
+  ``drive`` failed (``StepFailed``). It records the events that applied
+  before the failure as :meth:`record` would, closes the batch and enqueues
+  one REJECTED record for the rejected event under the ``seq`` it was
+  given, so numbering has no hole. No digest follows: the failed step may
+  have changed the state part-way, so the state is not worth a digest (the
+  END record then carries none either).
 * It never blocks and never raises because of the log: overload drops records
   and the writer writes a GAP record (see ``connector.eventlog``); a failing
   PUB send is dropped and counted in ``pub_dropped``.
@@ -47,6 +54,8 @@ from offload_fsm.logformat import (
     GAP,
     HEADER,
     INPUTS,
+    PUB_TOPIC,
+    REJECTED,
     SCHEMA_VERSION,
     Header,
     encode_digest,
@@ -54,13 +63,13 @@ from offload_fsm.logformat import (
     encode_gap,
     encode_header,
     encode_inputs,
+    encode_rejected,
 )
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
 
-__all__ = ["PUB_TOPIC", "EventRecorder", "installed_versions"]
+__all__ = ["EventRecorder", "installed_versions"]
 
-PUB_TOPIC = b"lolog"
 _NEW_FILE = (HEADER,)
 
 
@@ -136,6 +145,11 @@ class _Encoder:
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
+        elif kind == REJECTED:
+            _, seq, wall_s, event, reason = item
+            self._item_seq = seq
+            payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
+            self._next_seq = seq + 1
         else:
             payload = self._header()
         if self._pub_endpoint:
@@ -209,6 +223,7 @@ class EventRecorder:
         self._batch_events = batch_events
         self._digest_every = digest_every
         self._next_digest = digest_every if digest_every > 0 else -1
+        self._rejected = False  # a rejection poisoned the state: no more digests
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
         if directory is None:
@@ -249,6 +264,40 @@ class EventRecorder:
         writer = self._writer
         if writer is None or not applied:
             return
+        end = self._number(writer, applied)
+        if end >= self._next_digest > 0:
+            # The digest walks the live state on this thread: space digests by
+            # at least 64 events per live request so its cost stays O(1) per event.
+            live = len(state.requests) + len(state.batches)
+            self._next_digest = end + max(self._digest_every, 64 * live)
+            self._flush_batch(writer)
+            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+
+    def record_rejected(
+        self,
+        applied: Sequence[tuple[Event, Outcome]],
+        event: Event,
+        reason: str,
+        state: State,
+    ) -> None:
+        """Record a callback whose ``drive`` failed: ``applied`` (what applied
+        before the failure, ``StepFailed.applied``), then ``event`` rejected
+        with ``reason``. ``state`` (poisoned) is taken for symmetry with
+        :meth:`record` and not digested (see the module docstring)."""
+        writer = self._writer
+        if writer is None:
+            return
+        if applied:
+            self._number(writer, applied)
+        self._flush_batch(writer)
+        seq = self._seq
+        self._seq = self._batch_seq = seq + 1
+        self._rejected = True
+        writer.append((REJECTED, seq, time.time(), event, reason))
+
+    def _number(self, writer: EventLogWriter, applied: Sequence[tuple[Event, Outcome]]) -> int:
+        """Add ``applied`` to the open batch, enqueue the batch when it closes
+        (a step, or ``batch_events``); returns the next event's ``seq``."""
         batch = self._batch
         if not batch:
             self._batch_wall_s = time.time()
@@ -258,13 +307,7 @@ class EventRecorder:
             writer.append((INPUTS, self._batch_seq, self._batch_wall_s, batch))
             self._batch = []
             self._batch_seq = end
-        if end >= self._next_digest > 0:
-            # The digest walks the live state on this thread: space digests by
-            # at least 64 events per live request so its cost stays O(1) per event.
-            live = len(state.requests) + len(state.batches)
-            self._next_digest = end + max(self._digest_every, 64 * live)
-            self._flush_batch(writer)
-            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+        return end
 
     def _flush_batch(self, writer: EventLogWriter) -> None:
         if self._batch:
@@ -273,13 +316,14 @@ class EventRecorder:
             self._batch_seq = self._seq
 
     def close(self, state: State | None = None) -> None:
-        """Write END (with the final digest if ``state`` is given), flush, close."""
+        """Write END (with the final digest if ``state`` is given and no event
+        was rejected), flush, close."""
         writer = self._writer
         if writer is None:
             return
         self._writer = None
         self._flush_batch(writer)
-        digest = state_digest(state) if state is not None else ""
+        digest = state_digest(state) if state is not None and not self._rejected else ""
         writer.append((END, self._seq, time.time(), digest))
         writer.close()
         if self._encoder is not None:

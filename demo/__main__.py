@@ -10,20 +10,18 @@ Usage: ``python -m demo [--policy EVICTION_AWARE|FIFO] [--blocks 96] [--out arti
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import E2E_ENV
+from testkit.env import apply_e2e_env
 
-for _key, _value in E2E_ENV.items():
-    os.environ.setdefault(_key, _value)
+apply_e2e_env()
 
 from demo import workload  # noqa: E402
-from tests.e2e.lmcache_server import LMCacheServer  # noqa: E402
-from tests.e2e.tiny_model import build_tiny_llama  # noqa: E402
+from testkit.lmcache_server import LMCacheServer  # noqa: E402
+from testkit.tiny_model import build_tiny_llama  # noqa: E402
 
 
 def main() -> int:

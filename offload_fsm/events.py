@@ -178,4 +178,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PrefixCacheReset,
     ShutdownRequested,
 )
+# Answers report a command's result; every other event is an observation.
 ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)
+OBSERVATION_TYPES: tuple[type[Event], ...] = tuple(
+    cls for cls in EVENT_TYPES if cls not in ANSWER_TYPES
+)

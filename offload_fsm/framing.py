@@ -169,6 +169,38 @@ def _scan_core(
     damage still open) wherever a decision needs bytes beyond ``buf``.
     """
     n = len(buf)
+    pos = 0
+    search_from = 0
+    while True:
+        if pending is None:
+            pos = yield from _valid_run(buf, base, pos)
+            if pos == n:
+                return pos, None
+            failure = _classify(buf, base, pos, final)
+            if failure is None:
+                return pos, None  # the record may be complete with more data
+            if isinstance(failure, Damage):
+                yield failure  # a torn header at the very end
+                return n, None
+            pending = failure
+            search_from = pos + 1
+        # ---- resynchronise
+        q, ok = _find_valid(buf, search_from, final)
+        if ok:
+            yield _resynced(pending, base + q)
+            pending = None
+            pos = q
+            continue
+        if not final:
+            return q, pending
+        start, kind, detail = pending
+        yield Damage(start, kind, base + n - start, detail)
+        return n, None
+
+
+def _valid_run(buf: bytes, base: int, pos: int) -> Generator[Record, None, int]:
+    """Yield the valid records back to back from ``pos``; return where they stop."""
+    n = len(buf)
     unpack_from = _HEADER.unpack_from
     crc32 = zlib.crc32
     magic_int = _MAGIC_INT
@@ -177,92 +209,59 @@ def _scan_core(
     new_record = _new_record
     set_offset = _set_record_offset
     set_payload = _set_record_payload
-    pos = 0
-    search_from = 0
-    while True:
-        if pending is None:
-            # ---- fast path: valid records back to back
-            while pos + hdr <= n:
-                magic, length, crc = unpack_from(buf, pos)
-                if magic != magic_int or length > max_len or (end := pos + hdr + length) > n:
-                    break
-                payload = buf[pos + hdr : end]
-                if crc32(payload) != crc:
-                    break
-                # Equivalent to Record(base + pos, payload), minus the attrs
-                # __init__ frame (about a third of the per-record cost).
-                rec = new_record(Record)
-                set_offset(rec, base + pos)
-                set_payload(rec, payload)
-                yield rec
-                pos = end
-            if pos == n:
-                return pos, None
-            # ---- classify the failure at pos
-            rem = n - pos
-            if rem < hdr:
-                if not final:
-                    return pos, None
-                if buf[pos : pos + 4] != MAGIC[:rem]:
-                    pending = (
-                        base + pos,
-                        DamageKind.BAD_MAGIC,
-                        f"bad magic {buf[pos : pos + 4]!r}",
-                    )
-                else:
-                    yield Damage(
-                        base + pos,
-                        DamageKind.SHORT_HEADER,
-                        rem,
-                        f"torn tail: {rem} of {hdr} header bytes",
-                    )
-                    return n, None
-            else:
-                magic, length, crc = unpack_from(buf, pos)
-                if magic != magic_int:
-                    pending = (
-                        base + pos,
-                        DamageKind.BAD_MAGIC,
-                        f"bad magic {buf[pos : pos + 4]!r}",
-                    )
-                elif length > max_len:
-                    pending = (
-                        base + pos,
-                        DamageKind.BAD_LENGTH,
-                        f"length {length} exceeds MAX_PAYLOAD_BYTES",
-                    )
-                elif pos + hdr + length > n:
-                    if not final:
-                        return pos, None
-                    pending = (
-                        base + pos,
-                        DamageKind.SHORT_PAYLOAD,
-                        f"torn tail: payload needs {length} bytes, {rem - hdr} present",
-                    )
-                else:
-                    pending = (
-                        base + pos,
-                        DamageKind.CRC_MISMATCH,
-                        f"crc mismatch (stored {crc:#010x}, "
-                        f"computed {crc32(buf[pos + hdr : pos + hdr + length]):#010x})",
-                    )
-            search_from = pos + 1
-        # ---- resynchronise
-        q, ok = _find_valid(buf, search_from, final)
-        start, kind, detail = pending
-        if ok:
-            if kind is DamageKind.SHORT_PAYLOAD:
-                # A valid record follows, so this was no torn tail.
-                kind = DamageKind.BAD_LENGTH
-                detail = "length runs past the next valid record; " + detail
-            yield Damage(start, kind, base + q - start, detail)
-            pending = None
-            pos = q
-            continue
+    while pos + hdr <= n:
+        magic, length, crc = unpack_from(buf, pos)
+        if magic != magic_int or length > max_len or (end := pos + hdr + length) > n:
+            break
+        payload = buf[pos + hdr : end]
+        if crc32(payload) != crc:
+            break
+        # Equivalent to Record(base + pos, payload), minus the attrs
+        # __init__ frame (about a third of the per-record cost).
+        rec = new_record(Record)
+        set_offset(rec, base + pos)
+        set_payload(rec, payload)
+        yield rec
+        pos = end
+    return pos
+
+
+def _classify(buf: bytes, base: int, pos: int, final: bool) -> _Pending | Damage | None:
+    """The failure at ``pos``, where no valid record starts: the damage that
+    opens there, a torn header ending the data (final), or None when the
+    record at ``pos`` may still complete with more data (not final)."""
+    rem = len(buf) - pos
+    at = base + pos
+    if rem < HEADER_BYTES:
         if not final:
-            return q, pending
-        yield Damage(start, kind, base + n - start, detail)
-        return n, None
+            return None
+        if buf[pos : pos + 4] != MAGIC[:rem]:
+            return at, DamageKind.BAD_MAGIC, f"bad magic {buf[pos : pos + 4]!r}"
+        return Damage(at, DamageKind.SHORT_HEADER, rem,
+                      f"torn tail: {rem} of {HEADER_BYTES} header bytes")
+    magic, length, crc = _HEADER.unpack_from(buf, pos)
+    if magic != _MAGIC_INT:
+        return at, DamageKind.BAD_MAGIC, f"bad magic {buf[pos : pos + 4]!r}"
+    if length > MAX_PAYLOAD_BYTES:
+        return at, DamageKind.BAD_LENGTH, f"length {length} exceeds MAX_PAYLOAD_BYTES"
+    if length > rem - HEADER_BYTES:
+        if not final:
+            return None
+        return (at, DamageKind.SHORT_PAYLOAD,
+                f"torn tail: payload needs {length} bytes, {rem - HEADER_BYTES} present")
+    computed = zlib.crc32(buf[pos + HEADER_BYTES : pos + HEADER_BYTES + length])
+    return (at, DamageKind.CRC_MISMATCH,
+            f"crc mismatch (stored {crc:#010x}, computed {computed:#010x})")
+
+
+def _resynced(pending: _Pending, end: int) -> Damage:
+    """The open damage, closed where a valid record starts (absolute ``end``)."""
+    start, kind, detail = pending
+    if kind is DamageKind.SHORT_PAYLOAD:
+        # A valid record follows, so this was no torn tail.
+        kind = DamageKind.BAD_LENGTH
+        detail = "length runs past the next valid record; " + detail
+    return Damage(start, kind, end - start, detail)
 
 
 def scan(

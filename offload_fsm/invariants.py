@@ -21,15 +21,30 @@ The invariants:
   path into ``IN_FLIGHT``).
 * ``indexes_agree``: the pending/ready/shielded/owner indexes match the
   buffers.
+* ``statuses_agree``: every op's status matches its container (buffered ops
+  BUFFERED, a batch's ops its batch's status).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter as Tally
+from typing import Final
 
 from offload_fsm.config import Policy
-from offload_fsm.decisions import DropCause
-from offload_fsm.state import BatchStatus, Phase, State, holders
+from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
+from offload_fsm.state import BatchStatus, OpStatus, Phase, State, holders
+
+# unit -> (admitted, {settled term: counter}, {drop cause: counter})
+_UNITS: Final = {
+    "ops": (Counter.ADMITTED_OPS,
+            {"stored": Counter.STORED_OPS, "failed": Counter.FAILED_OPS,
+             "abandoned": Counter.ABANDONED_OPS},
+            DROPPED_OPS),
+    "tokens": (Counter.ADMITTED_TOKENS,
+               {"stored": Counter.STORED_TOKENS, "failed": Counter.FAILED_TOKENS,
+                "abandoned": Counter.ABANDONED_TOKENS},
+               DROPPED_TOKENS),
+}
 
 
 def ledger_terms(state: State, unit: str = "ops") -> dict[str, int]:
@@ -49,10 +64,11 @@ def ledger_terms(state: State, unit: str = "ops") -> dict[str, int]:
         "in_flight": in_flight,
     }
     counters = state.counters
-    for name in ("stored", "failed", "abandoned"):
-        terms[name] = counters[f"{name}_{unit}"]
-    for cause in DropCause:
-        terms[f"dropped_{cause.value}"] = counters[f"dropped_{cause.value}_{unit}"]
+    _, settled, dropped = _UNITS[unit]
+    for name, counter in settled.items():
+        terms[name] = counters[counter]
+    for cause, counter in dropped.items():
+        terms[f"dropped_{cause.value}"] = counters[counter]
     return terms
 
 
@@ -60,14 +76,14 @@ def ledger_closes(state: State) -> list[str]:
     problems = []
     for unit in ("ops", "tokens"):
         terms = ledger_terms(state, unit)
-        admitted = state.counters[f"admitted_{unit}"]
+        admitted = state.counters[_UNITS[unit][0]]
         if admitted != sum(terms.values()):
             problems.append(f"ledger ({unit}): admitted {admitted} != {terms}")
     return problems
 
 
 def pins_balance(state: State) -> list[str]:
-    expected: Counter[int] = Counter()
+    expected: Tally[int] = Tally()
     for rec in state.requests.values():
         for op in rec.ops:
             if op.pinned:
@@ -82,17 +98,15 @@ def pins_balance(state: State) -> list[str]:
         problems.append(f"pins {state.pins} != pinned ops' blocks {dict(expected)}")
     held = sum(state.pins.values())
     counters = state.counters
-    if counters["protected_blocks"] - counters["released_blocks"] != held:
-        problems.append(
-            f"protected {counters['protected_blocks']} - released "
-            f"{counters['released_blocks']} != held {held}"
-        )
+    protected, released = counters[Counter.PROTECTED_BLOCKS], counters[Counter.RELEASED_BLOCKS]
+    if protected - released != held:
+        problems.append(f"protected {protected} - released {released} != held {held}")
     return problems
 
 
 def one_batch_per_request(state: State) -> list[str]:
     problems = []
-    owners: Counter[str] = Counter()
+    owners: Tally[str] = Tally()
     for batch_id, batch in state.batches.items():
         owners[batch.req.req_id] += 1
         if batch.batch_id != batch_id or batch.req.batch is not batch:
@@ -156,11 +170,29 @@ def indexes_agree(state: State) -> list[str]:
         indexed = {b: sorted(op.op_id for op in holders(e)) for b, e in state.owners.items()}
         if {b: sorted(v) for b, v in owners.items()} != indexed:
             problems.append("block owner index disagrees with the buffers")
-        claimed: Counter[int] = Counter(
+        claimed: Tally[int] = Tally(
             key for batch in state.batches.values() for op in batch.ops for key in op.chunk_keys
         )
         if dict(claimed) != state.claimed_keys:
             problems.append(f"claimed keys {state.claimed_keys} != batches' {dict(claimed)}")
+    return problems
+
+
+_BATCH_OP_STATUS: Final = {
+    BatchStatus.VERIFYING: OpStatus.VERIFYING,
+    BatchStatus.IN_FLIGHT: OpStatus.IN_FLIGHT,
+}
+
+
+def statuses_agree(state: State) -> list[str]:
+    problems = []
+    for rec in state.requests.values():
+        problems += [f"buffered op {op.op_id} of {rec.req_id!r} is {op.status.value}"
+                     for op in rec.ops if op.status is not OpStatus.BUFFERED]
+    for batch in state.batches.values():
+        want = _BATCH_OP_STATUS[batch.status]
+        problems += [f"op {op.op_id} of batch {batch.batch_id} is {op.status.value}, "
+                     f"expected {want.value}" for op in batch.ops if op.status is not want]
     return problems
 
 
@@ -172,6 +204,7 @@ CHECKS = (
     quiet_on_empty_steps,
     verified_before_submit,
     indexes_agree,
+    statuses_agree,
 )
 
 

@@ -1,8 +1,9 @@
-"""Event-log record format: envelopes around pure domain facts (schema 1).
+"""Event-log record format: envelopes around pure domain facts (schema 2).
 
-Pure module: standard library, ``attrs`` and ``msgpack`` only. It turns
-records into payload bytes and back; framing (magic, length, CRC32) is
-:mod:`offload_fsm.framing`, and files are somebody else's business.
+Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
+the records and turns them into payload bytes; ``logdecode`` turns bytes
+back into records, framing (magic, length, CRC32) is
+:mod:`offload_fsm.framing`, and file names are ``logfiles``.
 
 Envelope
 --------
@@ -16,16 +17,19 @@ INPUTS      2    ``ev_1, check_1, ev_2, check_2, ...``: consecutive applied even
 DIGEST      3    ``digest``: ``codec.state_digest`` after event ``seq`` was applied
 GAP         4    ``lost_count``: events lost before ``seq`` (writer overload)
 END         5    ``events_total, digest``: clean shutdown (digest ``""`` if unknown)
+REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schema 2)
 ==========  ===  =====================================================================
 
 Kind tags are never renumbered (append new ones). ``seq`` numbers events from
 0 without holes; an INPUTS record carries the events ``seq, seq + 1, ...``
 (one connector callback: an observation and the answers of its command loop),
 which amortises the envelope and the 12 framing bytes. For non-event kinds
-``seq`` is the number of events recorded before the record. ``wall`` is the
-recorder's clock (``time.time()``) in whole milliseconds since the file
-header's ``created_s``, so decoding needs the header's context
-(:class:`LogDecoder`).
+``seq`` is the number of events recorded before the record, except for
+REJECTED, the last word of a poisoned core: ``seq`` is the number the
+rejected event ``ev`` was given (the events of its callback that applied
+before it are in the INPUTS records before it). ``wall`` is the recorder's
+clock (``time.time()``) in whole milliseconds since the file header's
+``created_s``, so decoding needs the header's context (``logdecode.LogDecoder``).
 
 An event ``ev_i`` is ``codec.to_wire(event)``. ``check_i`` is
 :func:`outcome_check` of what the core returned for it: ``0`` for an empty
@@ -42,7 +46,8 @@ Readers refuse versions newer than :data:`SCHEMA_VERSION`
 :data:`UPCASTERS` (``version -> function`` from plain decoded envelope tuples
 of that version to the next), before any object is built. A changed field
 list of an event, decision or command is a new schema version plus an
-upcaster; tags stay.
+upcaster; tags stay. Schema 2 added the REJECTED kind; a schema 1 record
+is a valid schema 2 record, so its upcaster is the identity.
 """
 
 from __future__ import annotations
@@ -50,15 +55,14 @@ from __future__ import annotations
 import operator
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
 import msgpack
 
-from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES, _TYPES, Message, from_wire
-from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
-from offload_fsm.events import EVENT_TYPES, Event
+from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES, _TYPES, Message
+from offload_fsm.events import Event
 from offload_fsm.machine import Outcome
 
 __all__ = [
@@ -67,6 +71,8 @@ __all__ = [
     "GAP",
     "HEADER",
     "INPUTS",
+    "PUB_TOPIC",
+    "REJECTED",
     "SCHEMA_VERSION",
     "UPCASTERS",
     "Digest",
@@ -74,36 +80,45 @@ __all__ = [
     "Gap",
     "Header",
     "Inputs",
-    "LogDecoder",
     "LogRecord",
     "OutcomeWire",
-    "decode_outcome",
-    "decode_record",
+    "Rejected",
     "encode_digest",
     "encode_end",
     "encode_gap",
     "encode_header",
     "encode_inputs",
     "encode_record",
+    "encode_rejected",
     "outcome_check",
     "outcome_wire",
     "wire",
     "wire_check",
 ]
 
-SCHEMA_VERSION: Final[int] = 1
+SCHEMA_VERSION: Final[int] = 2
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
 DIGEST: Final[int] = 3
 GAP: Final[int] = 4
 END: Final[int] = 5
+REJECTED: Final[int] = 6  # added in schema 2
+
+PUB_TOPIC: Final[bytes] = b"lolog"
+"""The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
 
 OutcomeWire = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
 
-UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {}
+
+def _upcast_v1_v2(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 2 only added the REJECTED kind, which v1 files never contain."""
+    return item
+
+
+UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {1: _upcast_v1_v2}
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
-``n + 1``. Empty while only schema 1 exists."""
+``n + 1``."""
 
 
 # --------------------------------------------------------------------------
@@ -160,7 +175,18 @@ class End:
     digest: str
 
 
-LogRecord = Header | Inputs | Digest | Gap | End
+@attrs.frozen(kw_only=True)
+class Rejected:
+    """The core rejected ``event``, which was given number ``seq``; nothing
+    was applied after it (the machine is poisoned)."""
+
+    seq: int
+    wall_time_s: float
+    event: Event
+    reason: str
+
+
+LogRecord = Header | Inputs | Digest | Gap | End | Rejected
 
 
 # --------------------------------------------------------------------------
@@ -286,6 +312,10 @@ def encode_end(seq: int, wall_ms: int, events_total: int, digest: str) -> bytes:
     return _packb((END, seq, wall_ms, events_total, digest))
 
 
+def encode_rejected(seq: int, wall_ms: int, event: Event, reason: str) -> bytes:
+    return _packb((REJECTED, seq, wall_ms, wire(event), reason))
+
+
 def encode_record(record: LogRecord, *, created_s: float) -> bytes:
     """Any record as a payload; times relative to ``created_s`` (the header's)."""
     if isinstance(record, Header):
@@ -301,161 +331,6 @@ def encode_record(record: LogRecord, *, created_s: float) -> bytes:
         return encode_digest(record.seq, ms, record.digest)
     if isinstance(record, Gap):
         return encode_gap(record.seq, ms, record.lost_count)
+    if isinstance(record, Rejected):
+        return encode_rejected(record.seq, ms, record.event, record.reason)
     return encode_end(record.seq, ms, record.events_total, record.digest)
-
-
-# --------------------------------------------------------------------------
-# Decoding.
-
-
-def _make_builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
-    """Build ``cls`` from its wire tuple without the attrs ``__init__`` frame.
-
-    Events have no validators, converters, defaults or enum fields, so filling
-    the slots directly gives an object equal to ``cls(**fields)``.
-    """
-    names = _FIELD_NAMES[cls.TAG]
-    assert not _ENUM_FIELDS[cls.TAG], f"{cls.__name__} has enum fields"
-    setters = tuple(cls.__dict__[name].__set__ for name in names)
-    width = len(names) + 1
-    new = object.__new__
-    if not names:
-        def build_empty(item: Sequence[Any]) -> Any:
-            if len(item) != 1:
-                raise LogCorrupt(f"tag {cls.TAG} ({cls.__name__}) carries fields")
-            return new(cls)
-        return build_empty
-
-    def build(item: Sequence[Any]) -> Any:
-        if len(item) != width:
-            raise LogCorrupt(
-                f"tag {cls.TAG} ({cls.__name__}) has {len(item) - 1} fields, "
-                f"expected {width - 1}"
-            )
-        obj = new(cls)
-        for setter, value in zip(setters, item[1:]):  # noqa: B905 (length checked)
-            setter(obj, value)
-        return obj
-
-    return build
-
-
-_EVENT_BUILDERS: dict[int, Callable[[Sequence[Any]], Any]] = {
-    cls.TAG: _make_builder(cls) for cls in EVENT_TYPES
-}
-
-
-def _event(item: Any) -> Event:
-    try:
-        build = _EVENT_BUILDERS[item[0]]
-    except KeyError:
-        raise UnknownTag(item[0]) from None
-    except (TypeError, IndexError):
-        raise LogCorrupt(f"expected an event array, got {item!r}") from None
-    return build(item)  # type: ignore[no-any-return]
-
-
-def _upcast(item: tuple[Any, ...], version: int) -> tuple[Any, ...]:
-    while version < SCHEMA_VERSION:
-        upcaster = UPCASTERS.get(version)
-        if upcaster is None:
-            raise LogCorrupt(f"no upcaster from schema version {version}")
-        item = upcaster(item)
-        version += 1
-    return item
-
-
-def _header_version(item: tuple[Any, ...]) -> int:
-    body = item[3] if len(item) > 3 else None
-    if not isinstance(body, dict) or not isinstance(body.get("schema"), int):
-        raise LogCorrupt("header without a schema version")
-    version: int = body["schema"]
-    if version > SCHEMA_VERSION:
-        raise SchemaTooNew(version, SCHEMA_VERSION)
-    return version
-
-
-_unpackb_options: Final = {"raw": False, "use_list": False, "strict_map_key": False}
-
-
-def decode_record(
-    payload: bytes, *, schema: int = SCHEMA_VERSION, created_s: float = 0.0
-) -> LogRecord:
-    """Decode one payload written under ``schema`` in a file whose header says
-    ``created_s``. A header decodes under its own version. Raises
-    :class:`UnknownTag`, :class:`SchemaTooNew` or :class:`LogCorrupt`."""
-    try:
-        item = msgpack.unpackb(payload, **_unpackb_options)
-    except Exception as error:  # msgpack raises several unrelated types
-        raise LogCorrupt(f"undecodable msgpack: {error}") from None
-    if not isinstance(item, tuple) or len(item) < 3:
-        raise LogCorrupt(f"expected an envelope array, got {type(item).__name__}")
-    if item[0] == HEADER:
-        schema = _header_version(item)
-    elif schema > SCHEMA_VERSION:
-        raise SchemaTooNew(schema, SCHEMA_VERSION)
-    if schema != SCHEMA_VERSION:
-        item = _upcast(item, schema)
-    return _build(item, created_s)
-
-
-def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
-    kind, seq, wall = item[0], item[1], item[2]
-    if not isinstance(seq, int) or not isinstance(wall, int | float):
-        raise LogCorrupt(f"bad envelope {item[:3]!r}")
-    try:
-        if kind == INPUTS:
-            rest = item[3:]
-            if len(rest) % 2:
-                raise LogCorrupt("INPUTS record with an odd number of items")
-            events = tuple(map(_event, rest[0::2]))
-            return Inputs(seq=seq, wall_time_s=created_s + wall / 1000.0, events=events,
-                          checks=rest[1::2])
-        if kind == DIGEST:
-            (digest,) = item[3:]
-            return Digest(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest)
-        if kind == GAP:
-            (lost,) = item[3:]
-            return Gap(seq=seq, wall_time_s=created_s + wall / 1000.0, lost_count=lost)
-        if kind == END:
-            total, digest = item[3:]
-            return End(seq=seq, wall_time_s=created_s + wall / 1000.0, events_total=total,
-                       digest=digest)
-        if kind == HEADER:
-            body = item[3]
-            return Header(
-                seq=seq, wall_time_s=float(wall), schema=body["schema"],
-                config=dict(body["config"]), policy=body["policy"],
-                world_size=body["world_size"], versions=dict(body["versions"]),
-                created_s=float(body["created_s"]), file_index=body.get("file_index", 0),
-                digest_every=body.get("digest_every", 0),
-                full_outcomes=bool(body.get("full_outcomes", False)),
-            )
-    except (ValueError, KeyError, TypeError) as error:
-        raise LogCorrupt(f"record kind {kind}: {error!r}") from None
-    raise UnknownTag(kind)
-
-
-class LogDecoder:
-    """Decodes the payloads of one file in order: the header sets the schema
-    version and time base for the records after it."""
-
-    __slots__ = ("schema", "created_s", "header")
-
-    def __init__(self) -> None:
-        self.schema = SCHEMA_VERSION
-        self.created_s = 0.0
-        self.header: Header | None = None
-
-    def decode(self, payload: bytes) -> LogRecord:
-        record = decode_record(payload, schema=self.schema, created_s=self.created_s)
-        if type(record) is Header:
-            self.header = record
-            self.schema = record.schema
-            self.created_s = record.created_s
-        return record
-
-
-def decode_outcome(value: OutcomeWire) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
-    """The decisions and commands of a full-outcome check, as objects."""
-    return tuple(map(from_wire, value[0])), tuple(map(from_wire, value[1]))

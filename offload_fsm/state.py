@@ -1,9 +1,10 @@
 """The machine's state: plain records, no logic.
 
-Only ``machine.step`` writes these objects (it owns them linearly: a state is
-handed to ``step``, which updates it in place and returns what it decided; the
-caller never mutates it). Everything else (policies, invariants, digest, the
-replay tool, the connector's queries) only reads.
+Only ``machine.step`` writes these objects, through the transition modules it
+calls (it owns them linearly: a state is handed to ``step``, which updates it
+in place and returns what it decided; the caller never mutates it).
+Everything else (the planners, ``invariants``, ``codec.state_digest``, the
+replay tool, ``queries``) only reads.
 
 Iteration order is always insertion order of dicts or explicit sort keys; no
 raw set is iterated where order can reach a decision.
@@ -17,7 +18,7 @@ from typing import Final
 import attrs
 
 from offload_fsm.config import OffloadConfig
-from offload_fsm.decisions import DropCause
+from offload_fsm.counters import Counter, new_counters
 
 BlockHash = int | None
 
@@ -27,6 +28,18 @@ STORED_KEYS_MAX: Final = 1 << 18  # bound of the stored-content memory (EA dedup
 class Phase(enum.Enum):
     ACTIVE = "active"
     FINISHED = "finished"
+
+
+class OpStatus(enum.Enum):
+    """Where a store op is in its lifecycle (legal moves: ``legality.OP_MOVES``)."""
+
+    BUFFERED = "buffered"  # in its request's buffer (pinned if shielded)
+    VERIFYING = "verifying"  # in a batch whose hashes are being re-read
+    IN_FLIGHT = "in_flight"  # submitted, awaiting every worker's receipt
+    STORED = "stored"
+    FAILED = "failed"
+    DROPPED = "dropped"
+    ABANDONED = "abandoned"  # in flight at shutdown
 
 
 class BatchStatus(enum.Enum):
@@ -47,6 +60,7 @@ class Op:
     time_s: float
     blocks_per_chunk: int = 0
     pinned: bool = False
+    status: OpStatus = OpStatus.BUFFERED
 
     @property
     def tokens(self) -> int:
@@ -99,51 +113,6 @@ def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:
     return tuple(entry.values())
 
 
-LEDGER_TERMS: Final = (
-    "pending",
-    "verifying",
-    "in_flight",
-    "stored",
-    "failed",
-    "abandoned",
-    *(f"dropped_{cause.value}" for cause in DropCause),
-)
-
-# Counter names, in a fixed order (the log line and the digest depend on it).
-COUNTER_NAMES: Final = (
-    "admitted_ops",
-    "admitted_tokens",
-    "rejected_unhashed_ops",
-    "rejected_prefix_broken_ops",
-    "selected_ops",
-    "selected_overdue_ops",
-    "selected_cascade_ops",
-    "selected_shielded_ops",
-    "shielded_ops",
-    "rejected_already_stored_ops",
-    "submitted_ops",
-    "submitted_tokens",
-    "stored_ops",
-    "stored_tokens",
-    "failed_ops",
-    "failed_tokens",
-    "abandoned_ops",
-    "abandoned_tokens",
-    *(f"dropped_{cause.value}_ops" for cause in DropCause),
-    *(f"dropped_{cause.value}_tokens" for cause in DropCause),
-    "held_drain_cap",
-    "held_pin_budget",
-    "held_in_flight",
-    "receipts_ignored",
-    "protected_blocks",
-    "released_blocks",
-    "token_steps",
-    "empty_steps",
-    "window_blocks_read",
-    "blocks_checked",
-)
-
-
 @attrs.define(slots=True, eq=False)
 class StepContext:
     """Per-step drain budget, alive from a ``StepScheduled`` until its answers
@@ -161,7 +130,6 @@ class State:
     config: OffloadConfig
     world_size: int
     poisoned: str | None = None
-    closed: bool = False
     step_index: int = 0  # token-producing steps seen
     last_step_tokens: int = 0
     selected_in_step: int = 0
@@ -178,7 +146,7 @@ class State:
     ready: dict[str, None] = attrs.Factory(dict)  # FIFO: finished, buffered, not blocked
     shielded: dict[str, None] = attrs.Factory(dict)  # has protected buffered ops
     # EA: block id -> the buffered op(s) covering it (one op, or a dict by op id when
-    # shared). All holders of a block share its snapshot hash (see machine._index).
+    # shared). All holders of a block share its snapshot hash (see blockindex.index).
     owners: dict[int, Op | dict[int, Op]] = attrs.Factory(dict)
     # EA content dedup: last-block hash of chunks stored (bounded, oldest first out)
     # and of chunks selected or in flight (counted).
@@ -194,7 +162,7 @@ class State:
     next_op_id: int = 0
     next_batch_id: int = 0
     next_order: int = 0
-    counters: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(COUNTER_NAMES, 0))
+    counters: dict[Counter, int] = attrs.Factory(new_counters)
 
 
 def new_state(config: OffloadConfig, *, world_size: int) -> State:

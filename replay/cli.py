@@ -1,8 +1,8 @@
 """``lazy-offload-replay`` / ``python -m replay``: verify, explain, summarise,
 what-if and plot a recorded run, or tail a live one.
 
-Exit codes: 0 ok; 1 divergence (verify) or a ledger that does not close
-(summary); 2 usage error (bad arguments, no such log); 3 corruption (a
+Exit codes: 0 ok; 1 divergence or a rejected event (verify) or a ledger that
+does not close (summary); 2 usage error (bad arguments, no such log); 3 corruption (a
 damaged record, a lost event, no header). Damage is reported on stderr.
 """
 
@@ -89,26 +89,46 @@ def _report_damage(result: ReplayResult, err: TextIO) -> int:
     return EXIT_CORRUPT if problems else EXIT_OK
 
 
+def _warn_rejected(result: ReplayResult, err: TextIO) -> None:
+    """For the analyses: they cover the events before a rejection."""
+    if result.rejection is not None:
+        print(f"warning: {result.rejection.describe()}; the core stopped there, and so "
+              "does this analysis", file=err)
+
+
+def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
+    divergence = result.divergence
+    rejection = result.rejection
+    return {
+        "ok": code == EXIT_OK,
+        "events_applied": result.events_applied,
+        "records": result.records,
+        "digests_checked": result.digests_checked,
+        "ended_cleanly": result.ended_cleanly,
+        "divergence": None if divergence is None else {
+            "seq": divergence.seq, "kind": divergence.kind,
+            "event": repr(divergence.event), "expected": repr(divergence.expected),
+            "got": repr(divergence.got), "detail": divergence.detail,
+        },
+        "rejection": None if rejection is None else {
+            "seq": rejection.seq, "event": repr(rejection.event),
+            "recorded_reason": rejection.recorded_reason,
+            "reproduced": rejection.reproduced,
+            "reproduced_reason": rejection.reproduced_reason,
+        },
+        "problems": _problems(result),
+        "stopped": result.stopped,
+    }
+
+
 def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = replay(args.log, prefix=args.prefix)
     divergence = result.divergence
-    code = EXIT_DIVERGED if divergence is not None else (
+    rejection = result.rejection
+    code = EXIT_DIVERGED if divergence is not None or rejection is not None else (
         EXIT_CORRUPT if _problems(result) else EXIT_OK)
     if args.json:
-        json.dump({
-            "ok": code == EXIT_OK,
-            "events_applied": result.events_applied,
-            "records": result.records,
-            "digests_checked": result.digests_checked,
-            "ended_cleanly": result.ended_cleanly,
-            "divergence": None if divergence is None else {
-                "seq": divergence.seq, "kind": divergence.kind,
-                "event": repr(divergence.event), "expected": repr(divergence.expected),
-                "got": repr(divergence.got), "detail": divergence.detail,
-            },
-            "problems": _problems(result),
-            "stopped": result.stopped,
-        }, out, indent=2)
+        json.dump(_verify_json(result, code), out, indent=2)
         out.write("\n")
         return code
     print(f"{result.events_applied} events replayed from {result.records} records, "
@@ -120,9 +140,12 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"  event:    {divergence.event!r}", file=out)
         print(f"  expected: {divergence.expected}", file=out)
         print(f"  got:      {divergence.got}", file=out)
+    if rejection is not None:
+        print(f"rejected: {rejection.describe()}", file=out)
     for problem in _problems(result):
         print(f"damage: {problem}", file=err)
-    if result.stopped and divergence is None:
+    if result.stopped and divergence is None and (rejection is None
+                                                  or rejection.reproduced is None):
         print(f"replay stopped early: {result.stopped}", file=out)
     if code == EXIT_OK:
         print("OK: every outcome and digest matches", file=out)
@@ -140,6 +163,7 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print(explain_mod.format_story(data), file=out)
     code = _report_damage(result, err)
+    _warn_rejected(result, err)
     if result.divergence is not None:
         print(f"warning: replay diverged at seq {result.divergence.seq}; the story stops "
               "there", file=err)
@@ -159,6 +183,7 @@ def _summary(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print(summary_mod.format_summary(data), file=out)
     code = _report_damage(result, err)
+    _warn_rejected(result, err)
     if not data["ledger_closes"]:
         return EXIT_DIVERGED
     return code
@@ -174,6 +199,7 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     observer = summary_mod.SummaryObserver()
     result = replay(args.log, prefix=args.prefix, observer=observer)
     assert result.state is not None
+    _warn_rejected(result, err)
     recorded = summary_mod.summarize(result.state, observer)
     resim = whatif_mod.simulate(original, header.world_size, events)
     whatif = whatif_mod.simulate(config, header.world_size, events)
@@ -211,6 +237,7 @@ def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (timeline_mod.MissingDependency, ValueError) as error:
         raise UsageError(str(error)) from None
     print(f"wrote {args.output} ({len(observer.steps)} steps)", file=out)
+    _warn_rejected(result, err)
     return _report_damage(result, err)
 
 

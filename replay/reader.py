@@ -14,7 +14,6 @@ schema and reported as ``missing_header``. Nothing is ever silently skipped.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +21,9 @@ import attrs
 
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.framing import HEADER_BYTES, Damage, scan_stream
-from offload_fsm.logformat import Header, LogDecoder, LogRecord
-
-FILE_SUFFIX = ".lolog"
-_SEQNO = re.compile(r"^(?P<prefix>.*)-(?P<seqno>\d{6,})" + re.escape(FILE_SUFFIX) + r"$")
+from offload_fsm.logdecode import LogDecoder
+from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
+from offload_fsm.logformat import Header, LogRecord
 
 
 @attrs.frozen(kw_only=True)
@@ -67,11 +65,11 @@ def run_files(path: str | os.PathLike[str], prefix: str | None = None) -> list[P
         return [target]
     if not target.is_dir():
         raise UsageError(f"{path}: no such file or directory")
-    runs: dict[str, list[tuple[int, Path]]] = {}
+    runs: dict[str, list[Path]] = {}
     for child in target.iterdir():
-        match = _SEQNO.match(child.name)
-        if match is not None and child.is_file():
-            runs.setdefault(match["prefix"], []).append((int(match["seqno"]), child))
+        parsed = parse_file_name(child.name)
+        if parsed is not None and child.is_file():
+            runs.setdefault(parsed[0], []).append(child)
     if prefix is not None:
         runs = {k: v for k, v in runs.items() if k == prefix}
     if not runs:
@@ -80,7 +78,7 @@ def run_files(path: str | os.PathLike[str], prefix: str | None = None) -> list[P
     if len(runs) > 1:
         raise UsageError(f"{path}: several runs ({', '.join(sorted(runs))}); pass --prefix")
     ((_, files),) = runs.items()
-    return [p for _, p in sorted(files)]
+    return sorted(files, key=lambda file: file_sort_key(file.name))
 
 
 def read_file(path: str | os.PathLike[str]) -> Iterator[Entry | LogDamage]:

@@ -8,6 +8,11 @@ the first divergence, the first lost event (a GAP record, a hole in ``seq``)
 or the first damaged span, because the state after lost inputs is unknown;
 it keeps reading to the end so that every damage is reported.
 
+A REJECTED record is the recorded run's core refusing an event (and being
+poisoned by it). Replay applies that event too: the core must refuse it
+again (a :class:`Rejection`, ``reproduced``); if it applies it instead, that
+is a divergence as well. Either way folding ends there.
+
 An ``observer(seq, event, outcome, state)`` sees every applied event; the
 analyses (explain, summary, timeline) are observers. The state passed to it
 is live: read it, never keep or mutate it.
@@ -23,7 +28,7 @@ import attrs
 
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig, parse_config
-from offload_fsm.errors import InvalidEvent, MachinePoisoned
+from offload_fsm.errors import StepFailed
 from offload_fsm.events import Event
 from offload_fsm.logformat import (
     Digest,
@@ -31,6 +36,8 @@ from offload_fsm.logformat import (
     Gap,
     Header,
     Inputs,
+    LogRecord,
+    Rejected,
     outcome_check,
     outcome_wire,
     wire_check,
@@ -44,8 +51,9 @@ Observer = Callable[[int, Event, Outcome, State], None]
 
 @attrs.frozen(kw_only=True)
 class Divergence:
-    """``kind``: ``outcome`` (decisions/commands differ), ``digest`` (state
-    differs), ``invalid_event`` (the core refused a recorded event)."""
+    """``kind``: ``outcome`` (decisions/commands differ, or an event recorded
+    as rejected was applied), ``digest`` (state differs), ``invalid_event``
+    (the core refused an event recorded as applied)."""
 
     seq: int
     kind: str
@@ -53,6 +61,36 @@ class Divergence:
     expected: Any
     got: Any
     detail: str
+
+
+@attrs.frozen(kw_only=True)
+class Rejection:
+    """The recorded run's core rejected event ``seq`` (a REJECTED record).
+
+    ``reproduced``: True when the replayed core rejected it too (with
+    ``reproduced_reason``), False when it applied it (a divergence is
+    reported as well), None when folding had stopped before it.
+    """
+
+    seq: int
+    event: Event
+    recorded_reason: str
+    reproduced: bool | None
+    reproduced_reason: str = ""
+
+    def describe(self) -> str:
+        req_id = getattr(self.event, "req_id", None)
+        who = f" (request {req_id!r})" if req_id is not None else ""
+        if self.reproduced is None:
+            answer = "not checked, replay had stopped before it"
+        elif not self.reproduced:
+            answer = "no, the core applied it"
+        elif self.reproduced_reason == self.recorded_reason:
+            answer = "yes"
+        else:
+            answer = f"yes, with reason: {self.reproduced_reason}"
+        return (f"event {self.seq} {type(self.event).__name__}{who} was rejected by the "
+                f"core: {self.recorded_reason} (reproduced on replay: {answer})")
 
 
 @attrs.define(kw_only=True)
@@ -63,6 +101,7 @@ class ReplayResult:
     records: int = 0
     digests_checked: int = 0
     divergence: Divergence | None = None
+    rejection: Rejection | None = None  # the run's first REJECTED record
     damage: list[LogDamage] = attrs.Factory(list)
     lost: list[str] = attrs.Factory(list)  # gaps in the event sequence
     stopped: str = ""  # why folding stopped early ("" = it reached the end)
@@ -70,7 +109,8 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None and not self.damage and not self.lost
+        return (self.divergence is None and self.rejection is None and not self.damage
+                and not self.lost)
 
 
 def config_of(header: Header) -> OffloadConfig:
@@ -84,109 +124,176 @@ def replay(
     observer: Observer | None = None,
 ) -> ReplayResult:
     """Fold the run at ``path``; see the module docstring."""
-    result = ReplayResult()
-    state: State | None = None
-    folding = True
-    next_seq = 0
-    check_of = outcome_check
-    step_ = step
+    fold = _Fold(observer)
     for entry in read_log(path, prefix):
         if isinstance(entry, LogDamage):
-            result.damage.append(entry)
-            if folding:
-                folding = False
-                result.stopped = f"damaged record: {entry.describe()}"
+            fold.on_damage(entry)
             continue
-        result.records += 1
+        fold.result.records += 1
         record = entry.record
-        kind = type(record)
-        if not folding:
-            if kind is End:
-                result.ended_cleanly = True
-            continue
-        if kind is Inputs:
-            assert isinstance(record, Inputs)
-            if state is None:
-                folding = False
-                result.stopped = "events before any header"
-                continue
-            if record.seq != next_seq:
-                folding = False
-                message = f"events {next_seq}..{record.seq - 1} are missing"
-                result.lost.append(message)
-                result.stopped = message
-                continue
-            seq = record.seq
-            for event, check in zip(record.events, record.checks, strict=True):
-                try:
-                    outcome = step_(state, event)
-                except (InvalidEvent, MachinePoisoned) as error:
-                    result.divergence = Divergence(seq=seq, kind="invalid_event", event=event,
-                                                   expected="accepted", got=str(error),
-                                                   detail=str(error))
-                    break
-                if type(check) is int:
-                    got_check = check_of(outcome)
-                    if got_check != check:
-                        result.divergence = Divergence(
-                            seq=seq, kind="outcome", event=event,
-                            expected=f"check {check:#010x}",
-                            got=f"check {got_check:#010x}: {outcome_wire(outcome)!r}",
-                            detail="the recorded outcome check differs",
-                        )
-                elif wire_check(check) != check_of(outcome):  # type: ignore[arg-type]
-                    result.divergence = Divergence(
-                        seq=seq, kind="outcome", event=event, expected=check,
-                        got=outcome_wire(outcome), detail="the recorded outcome differs",
+        if fold.folding:
+            _ON_RECORD[type(record)](fold, record)
+        else:
+            fold.after_stop(record)
+    if fold.result.header is None and not fold.result.stopped:
+        fold.result.stopped = "no header record"
+    return fold.result
+
+
+def _reason(error: Exception) -> str:
+    """What the core said when it refused an event."""
+    if isinstance(error, StepFailed):
+        return error.reason
+    return f"{type(error).__name__}: {error}"  # MachinePoisoned, or not the core's own
+
+
+class _Fold:
+    """One replay in progress: the live state, the next ``seq`` expected, and
+    the result. One ``on_*`` method per record kind (:data:`_ON_RECORD`),
+    called while folding; :meth:`after_stop` sees the records after that."""
+
+    def __init__(self, observer: Observer | None) -> None:
+        self.result = ReplayResult()
+        self.observer = observer
+        self.state: State | None = None
+        self.folding = True
+        self.next_seq = 0
+
+    def stop(self, reason: str) -> None:
+        self.folding = False
+        self.result.stopped = reason
+
+    def lose(self, message: str) -> None:
+        self.result.lost.append(message)
+        self.stop(message)
+
+    def diverge(self, divergence: Divergence) -> None:
+        self.result.divergence = divergence
+        self.stop(f"divergence at seq {divergence.seq}")
+
+    def on_damage(self, damage: LogDamage) -> None:
+        self.result.damage.append(damage)
+        if self.folding:
+            self.stop(f"damaged record: {damage.describe()}")
+
+    def after_stop(self, record: LogRecord) -> None:
+        """Past the stop, a clean end and the run's own rejection still count."""
+        if type(record) is End:
+            self.result.ended_cleanly = True
+        elif type(record) is Rejected and self.result.rejection is None:
+            self.result.rejection = Rejection(seq=record.seq, event=record.event,
+                                              recorded_reason=record.reason, reproduced=None)
+
+    def on_header(self, record: Header) -> None:
+        result = self.result
+        if result.header is not None:
+            if record.seq != self.next_seq:
+                self.lose(f"file {record.file_index} starts at event {record.seq}, "
+                          f"expected {self.next_seq}")
+            return
+        result.header = record
+        self.state = result.state = new_state(config_of(record), world_size=record.world_size)
+        self.next_seq = record.seq
+        if record.seq != 0:
+            self.stop(f"the run starts at event {record.seq}: earlier files are missing")
+
+    def _live(self, seq: int) -> State | None:
+        """The state, if events numbered from ``seq`` can be applied to it now."""
+        if self.state is None:
+            self.stop("events before any header")
+        elif seq != self.next_seq:
+            self.lose(f"events {self.next_seq}..{seq - 1} are missing")
+        return self.state if self.folding else None
+
+    def on_inputs(self, record: Inputs) -> None:
+        state = self._live(record.seq)
+        if state is None:
+            return
+        seq = record.seq
+        step_ = step
+        check_of = outcome_check
+        observer = self.observer
+        divergence = None
+        for event, check in zip(record.events, record.checks, strict=True):
+            try:
+                outcome = step_(state, event)
+            except Exception as error:  # any refusal: StepFailed, MachinePoisoned, ...
+                divergence = Divergence(seq=seq, kind="invalid_event", event=event,
+                                        expected="accepted", got=str(error), detail=str(error))
+                break
+            if type(check) is int:
+                got_check = check_of(outcome)
+                if got_check != check:
+                    divergence = Divergence(
+                        seq=seq, kind="outcome", event=event, expected=f"check {check:#010x}",
+                        got=f"check {got_check:#010x}: {outcome_wire(outcome)!r}",
+                        detail="the recorded outcome check differs",
                     )
-                if observer is not None:
-                    observer(seq, event, outcome, state)
-                if result.divergence is not None:
-                    break
-                seq += 1
-            result.events_applied += seq - record.seq
-            next_seq = seq
-            if result.divergence is not None:
-                folding = False
-                result.stopped = f"divergence at seq {result.divergence.seq}"
-        elif kind is Digest or kind is End:
-            assert isinstance(record, Digest | End)
-            if kind is End:
-                result.ended_cleanly = True
-            if state is None or not record.digest:
-                continue
-            got = state_digest(state)
-            result.digests_checked += 1
-            if got != record.digest:
-                result.divergence = Divergence(
-                    seq=record.seq, kind="digest", event=None, expected=record.digest, got=got,
-                    detail=f"state digest after event {record.seq} differs",
+            elif wire_check(check) != check_of(outcome):  # type: ignore[arg-type]
+                divergence = Divergence(
+                    seq=seq, kind="outcome", event=event, expected=check,
+                    got=outcome_wire(outcome), detail="the recorded outcome differs",
                 )
-                folding = False
-                result.stopped = f"divergence at seq {record.seq}"
-        elif kind is Header:
-            assert isinstance(record, Header)
-            if result.header is None:
-                result.header = record
-                state = new_state(config_of(record), world_size=record.world_size)
-                result.state = state
-                next_seq = record.seq
-                if record.seq != 0:
-                    folding = False
-                    result.stopped = (f"the run starts at event {record.seq}: "
-                                      "earlier files are missing")
-            elif record.seq != next_seq:
-                folding = False
-                message = f"file {record.file_index} starts at event {record.seq}, " \
-                          f"expected {next_seq}"
-                result.lost.append(message)
-                result.stopped = message
-        elif kind is Gap:
-            assert isinstance(record, Gap)
-            message = f"{record.lost_count} record(s) lost by the writer before event {record.seq}"
-            result.lost.append(message)
-            folding = False
-            result.stopped = message
-    if result.header is None and not result.stopped:
-        result.stopped = "no header record"
-    return result
+            if observer is not None:
+                observer(seq, event, outcome, state)
+            if divergence is not None:
+                break
+            seq += 1
+        self.result.events_applied += seq - record.seq
+        self.next_seq = seq
+        if divergence is not None:
+            self.diverge(divergence)
+
+    def on_digest(self, record: Digest | End) -> None:
+        if self.state is None or not record.digest:
+            return
+        got = state_digest(self.state)
+        self.result.digests_checked += 1
+        if got != record.digest:
+            self.diverge(Divergence(
+                seq=record.seq, kind="digest", event=None, expected=record.digest, got=got,
+                detail=f"state digest after event {record.seq} differs",
+            ))
+
+    def on_end(self, record: End) -> None:
+        self.result.ended_cleanly = True
+        self.on_digest(record)
+
+    def on_gap(self, record: Gap) -> None:
+        self.lose(f"{record.lost_count} record(s) lost by the writer before event {record.seq}")
+
+    def on_rejected(self, record: Rejected) -> None:
+        state = self._live(record.seq)
+        if state is None:
+            self.after_stop(record)
+            return
+        event = record.event
+        try:
+            outcome = step(state, event)
+        except Exception as error:  # the core refuses it again: reproduced
+            self.result.rejection = Rejection(
+                seq=record.seq, event=event, recorded_reason=record.reason, reproduced=True,
+                reproduced_reason=_reason(error))
+            self.stop(f"the core rejected event {record.seq}")
+            return
+        self.result.events_applied += 1
+        self.next_seq = record.seq + 1
+        if self.observer is not None:
+            self.observer(record.seq, event, outcome, state)
+        self.result.rejection = Rejection(seq=record.seq, event=event,
+                                          recorded_reason=record.reason, reproduced=False)
+        self.diverge(Divergence(
+            seq=record.seq, kind="outcome", event=event, expected=f"rejected: {record.reason}",
+            got=f"applied: {outcome_wire(outcome)!r}",
+            detail="recorded as rejected, but the core applied it",
+        ))
+
+
+_ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
+    Header: _Fold.on_header,
+    Inputs: _Fold.on_inputs,
+    Digest: _Fold.on_digest,
+    End: _Fold.on_end,
+    Gap: _Fold.on_gap,
+    Rejected: _Fold.on_rejected,
+}

@@ -10,9 +10,10 @@ the requests that lost the most tokens.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter as Tally
 from typing import Any
 
+from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, REJECTED, Counter
 from offload_fsm.decisions import DropCause, OpsDropped, OpsSelected, RejectReason
 from offload_fsm.events import CandidateOffered, Event
 from offload_fsm.invariants import ledger_closes, ledger_terms
@@ -27,8 +28,8 @@ class SummaryObserver:
         self.admitted: dict[str, list[tuple[int, int]]] = {}  # req -> (start, step buffered)
         self.deferrals: list[int] = []
         self.peak_pinned_blocks = 0
-        self.lost_tokens: Counter[str] = Counter()
-        self.lost_ops: Counter[str] = Counter()
+        self.lost_tokens: Tally[str] = Tally()
+        self.lost_ops: Tally[str] = Tally()
 
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
         pinned = len(state.pins)
@@ -76,12 +77,12 @@ def _percentile(sorted_values: list[int], fraction: float) -> float:
 def summarize(state: State, observer: SummaryObserver, *, top: int = 10) -> dict[str, Any]:
     counters = state.counters
     ledger = {unit: ledger_terms(state, unit) for unit in ("ops", "tokens")}
-    admitted = {unit: counters[f"admitted_{unit}"] for unit in ("ops", "tokens")}
+    admitted = {"ops": counters[Counter.ADMITTED_OPS], "tokens": counters[Counter.ADMITTED_TOKENS]}
     # A duplicate is not a loss: another request's batch stored the same content.
     dropped = {
-        unit: sum(counters[f"dropped_{cause.value}_{unit}"]
-                  for cause in DropCause if cause is not DropCause.DUPLICATE)
-        for unit in ("ops", "tokens")
+        unit: sum(counters[by_cause[cause]] for cause in DropCause
+                  if cause is not DropCause.DUPLICATE)
+        for unit, by_cause in (("ops", DROPPED_OPS), ("tokens", DROPPED_TOKENS))
     }
     deferrals = sorted(observer.deferrals)
     return {
@@ -91,18 +92,18 @@ def summarize(state: State, observer: SummaryObserver, *, top: int = 10) -> dict
         "ledger_closes": not ledger_closes(state),
         "ledger_problems": ledger_closes(state),
         "dropped_by_cause": {
-            cause.value: {"ops": counters[f"dropped_{cause.value}_ops"],
-                          "tokens": counters[f"dropped_{cause.value}_tokens"]}
+            cause.value: {"ops": counters[DROPPED_OPS[cause]],
+                          "tokens": counters[DROPPED_TOKENS[cause]]}
             for cause in DropCause
         },
         "rejected_by_reason": {
-            reason.value: counters[f"rejected_{reason.value}_ops"] for reason in RejectReason
+            reason.value: counters[REJECTED[reason]] for reason in RejectReason
         },
         "drop_rate": {
             unit: (dropped[unit] / admitted[unit]) if admitted[unit] else 0.0
             for unit in ("ops", "tokens")
         },
-        "stored": {"ops": counters["stored_ops"], "tokens": counters["stored_tokens"]},
+        "stored": {"ops": counters[Counter.STORED_OPS], "tokens": counters[Counter.STORED_TOKENS]},
         "deferral_steps": {
             "count": len(deferrals),
             "mean": (sum(deferrals) / len(deferrals)) if deferrals else 0.0,
@@ -111,7 +112,7 @@ def summarize(state: State, observer: SummaryObserver, *, top: int = 10) -> dict
             "max": float(deferrals[-1]) if deferrals else 0.0,
         },
         "peak_pinned_blocks": observer.peak_pinned_blocks,
-        "token_steps": counters["token_steps"],
+        "token_steps": counters[Counter.TOKEN_STEPS],
         "top_losses": [
             {"req_id": req_id, "tokens": tokens, "ops": observer.lost_ops[req_id]}
             for req_id, tokens in observer.lost_tokens.most_common(top)

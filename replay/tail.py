@@ -2,8 +2,8 @@
 
 The connector's recorder (``lmcache.mp.lazy_offload_log_pub_endpoint``)
 binds a PUB socket and publishes every framed record as a two-part message
-``[b"lolog", frame]``, re-publishing the file header before every digest so
-that a late subscriber learns the schema and time base. :func:`follow`
+``[logformat.PUB_TOPIC, frame]``, re-publishing the file header before every
+digest so that a late subscriber learns the schema and time base. :func:`follow`
 subscribes, validates each frame (CRC) and decodes it, prints one line per
 record and reports holes in the event sequence (records dropped by the
 publisher's high-water mark, by a slow subscriber, or before it joined).
@@ -16,9 +16,17 @@ from collections.abc import Callable
 
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.framing import Record, scan
-from offload_fsm.logformat import Digest, End, Gap, Header, Inputs, LogDecoder, LogRecord
-
-TOPIC = b"lolog"
+from offload_fsm.logdecode import LogDecoder
+from offload_fsm.logformat import (
+    PUB_TOPIC,
+    Digest,
+    End,
+    Gap,
+    Header,
+    Inputs,
+    LogRecord,
+    Rejected,
+)
 
 
 def describe(record: LogRecord) -> str:
@@ -33,6 +41,9 @@ def describe(record: LogRecord) -> str:
         return f"seq {record.seq} digest {record.digest}"
     if isinstance(record, Gap):
         return f"seq {record.seq} GAP: the writer lost {record.lost_count} record(s)"
+    if isinstance(record, Rejected):
+        return (f"seq {record.seq} REJECTED {type(record.event).__name__}: "
+                f"{record.reason}")
     if isinstance(record, End):
         return f"seq {record.seq} end ({record.events_total} events, digest {record.digest})"
     assert isinstance(record, Header)
@@ -53,48 +64,68 @@ def follow(
 
     context = zmq.Context()
     socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.SUBSCRIBE, TOPIC)
+    socket.setsockopt(zmq.SUBSCRIBE, PUB_TOPIC)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(endpoint)
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
-    decoder = LogDecoder()
-    next_seq: int | None = None
-    gaps = 0
-    seen = 0
-    last_header: bytes = b""
+    printer = _Printer(emit)
     try:
-        while max_records <= 0 or seen < max_records:
+        while max_records <= 0 or printer.seen < max_records:
             if not poller.poll(int(timeout_s * 1000) if timeout_s > 0 else None):
                 emit(f"no record for {timeout_s}s; stopping")
                 break
             _topic, data = socket.recv_multipart()
-            items = list(scan(data))
-            if len(items) != 1 or not isinstance(items[0], Record):
-                emit(f"damaged message ({len(data)} bytes): {items}")
-                continue
-            payload = items[0].payload
-            try:
-                record = decoder.decode(payload)
-            except LogCorrupt as error:
-                emit(f"undecodable record: {error}")
-                continue
-            if isinstance(record, Header):
-                if payload == last_header:
-                    continue  # a repeated header for late subscribers
-                last_header = payload
-            seen += 1
-            stamp = time.strftime("%H:%M:%S", time.localtime(record.wall_time_s)) \
-                if decoder.header is not None else "--:--:--"
-            if isinstance(record, Inputs):
-                if next_seq is not None and record.seq != next_seq:
-                    gaps += 1
-                    emit(f"{stamp} GAP: events {next_seq}..{record.seq - 1} not received")
-                next_seq = record.seq + len(record.events)
-            emit(f"{stamp} {describe(record)}")
-            if isinstance(record, End):
+            if printer.on_message(data):
                 break
     finally:
         socket.close(linger=0)
         context.term()
-    return gaps
+    return printer.gaps
+
+
+class _Printer:
+    """One line per record of a subscription; counts holes in the event sequence."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+        self.decoder = LogDecoder()
+        self.next_seq: int | None = None
+        self.gaps = 0
+        self.seen = 0
+        self.last_header = b""
+
+    def on_message(self, data: bytes) -> bool:
+        """Print one message's record; True when it was the END record."""
+        record = self._decode(data)
+        if record is None:
+            return False
+        self.seen += 1
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.wall_time_s)) \
+            if self.decoder.header is not None else "--:--:--"
+        if isinstance(record, Inputs | Rejected):
+            if self.next_seq is not None and record.seq != self.next_seq:
+                self.gaps += 1
+                self.emit(f"{stamp} GAP: events {self.next_seq}..{record.seq - 1} not received")
+            self.next_seq = record.seq + (len(record.events) if isinstance(record, Inputs) else 1)
+        self.emit(f"{stamp} {describe(record)}")
+        return isinstance(record, End)
+
+    def _decode(self, data: bytes) -> LogRecord | None:
+        """The message's record; None (after saying why, if it was not a
+        repeated header) when there is nothing to print."""
+        items = list(scan(data))
+        if len(items) != 1 or not isinstance(items[0], Record):
+            self.emit(f"damaged message ({len(data)} bytes): {items}")
+            return None
+        payload = items[0].payload
+        try:
+            record = self.decoder.decode(payload)
+        except LogCorrupt as error:
+            self.emit(f"undecodable record: {error}")
+            return None
+        if isinstance(record, Header):
+            if payload == self.last_header:
+                return None  # a repeated header for late subscribers
+            self.last_header = payload
+        return record

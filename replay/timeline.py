@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from offload_fsm.decisions import DropCause
+from offload_fsm.counters import DROPPED_OPS, Counter
 from offload_fsm.events import Event, FreeQueueRead, HashesRead, StepScheduled
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
@@ -25,7 +25,7 @@ SERIES = (
     ("dropped_ops", "dropped ops / step", "#d62728"),
     ("pinned_blocks", "pinned blocks", "#9467bd"),
 )
-_DROPPED = tuple(f"dropped_{cause.value}_ops" for cause in DropCause)
+_DROPPED = tuple(DROPPED_OPS.values())
 
 
 class MissingDependency(Exception):
@@ -54,7 +54,7 @@ class TimelineObserver:
         elif (kind is not HashesRead and kind is not FreeQueueRead) or not self.steps:
             return
         counters = state.counters
-        submitted = counters["submitted_ops"]
+        submitted = counters[Counter.SUBMITTED_OPS]
         dropped = sum(counters[name] for name in _DROPPED)
         samples = self.samples
         samples["buffered_ops"][-1] = sum(len(rec.ops) for rec in state.pending.values())

@@ -6,7 +6,7 @@ same tokenizer.  The shapes are chosen to satisfy the vLLM CPU attention backend
 
 Usage as a script::
 
-    python -m tests.e2e.tiny_model OUTDIR
+    python -m testkit.tiny_model OUTDIR
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def build_tiny_llama(path: str | os.PathLike[str]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tests.e2e.tiny_model OUTDIR", file=sys.stderr)
+        print("usage: python -m testkit.tiny_model OUTDIR", file=sys.stderr)
         return 2
     out = build_tiny_llama(args[0])
     print(f"tiny llama written to {out}")

@@ -18,12 +18,14 @@ subtracted from the scheduler and connector times it runs inside of.
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import random
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ import logging  # noqa: E402
 logging.getLogger("vllm.lazy_offload").setLevel(logging.ERROR)
 
 from bench.sim import standin  # noqa: E402
-from bench.sim.workload import Session  # noqa: E402
+from bench.sim.workload import Session, Turn  # noqa: E402
 
 CHUNK = standin.CHUNK_TOKENS
 BLOCK = 32
@@ -235,6 +237,69 @@ class _ManagerView:
 
 
 # ---------------------------------------------------------------------------------------
+# The workload's side: when each session's next turn arrives and what it sends.
+
+
+@dataclass
+class _Arrivals:
+    """Where every session is. A session releases turn ``k + 1`` ``pause_steps``
+    after turn ``k`` finished; its prompt is the conversation so far (the last
+    turn's prompt and output) plus the turn's new tokens, or turn 0's new tokens
+    alone for a burst repeat."""
+
+    by_sid: dict[int, Session]
+    next_turn: dict[int, int]
+    release: list[tuple[int, int]]  # heap of (release step, sid)
+    live_sessions: int
+    conv: dict[int, list[int]] = field(default_factory=dict)
+    active: dict[str, tuple[Any, int]] = field(default_factory=dict)  # rid -> (Request, sid)
+    out_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, sessions: list[Session]) -> _Arrivals:
+        release = [(s.start_step, s.sid) for s in sessions]
+        heapq.heapify(release)
+        return cls(by_sid={s.sid: s for s in sessions},
+                   next_turn={s.sid: 0 for s in sessions}, release=release,
+                   live_sessions=len(sessions))
+
+    @property
+    def done(self) -> bool:
+        return self.live_sessions == 0 and not self.active
+
+    def pop_due(self, step: int) -> Iterator[tuple[str, list[int], Turn, int]]:
+        """``(rid, prompt, turn, sid)`` of every turn released by ``step``."""
+        while self.release and self.release[0][0] <= step:
+            _, sid = heapq.heappop(self.release)
+            s = self.by_sid[sid]
+            k = self.next_turn[sid]
+            turn = s.turns[k]
+            if turn.repeat_whole_prompt:
+                prompt = list(s.turns[0].new_tokens)
+            else:
+                prompt = self.conv.get(sid, []) + turn.new_tokens
+            yield f"s{sid}t{k}", prompt, turn, sid
+
+    def started(self, rid: str, req: Any, sid: int, turn: Turn) -> None:
+        self.out_tokens[rid] = turn.out_tokens
+        self.active[rid] = (req, sid)
+
+    def finished(self, rid: str, step: int) -> None:
+        """Turn ``rid`` finished at ``step``: schedule its session's next turn."""
+        req, sid = self.active.pop(rid)
+        s = self.by_sid[sid]
+        k = self.next_turn[sid]
+        turn = s.turns[k]
+        if not turn.repeat_whole_prompt:
+            self.conv[sid] = list(req.prompt_token_ids) + list(req.output_token_ids)
+        self.next_turn[sid] = k + 1
+        if k + 1 < len(s.turns):
+            heapq.heappush(self.release, (step + max(1, s.turns[k + 1].pause_steps), sid))
+        else:
+            self.live_sessions -= 1
+
+
+# ---------------------------------------------------------------------------------------
 
 
 class Sim:
@@ -270,26 +335,39 @@ class Sim:
         self._conn_depth = 0
         self._rank_reports: dict[str, int] = {}
         self._build()
+        self.arrivals = _Arrivals.start(sessions)
+        self.requests: dict[str, Any] = {}
+        self.lm.requests = self.requests
 
     # -- construction -----------------------------------------------------------------
-    def _build(self) -> None:
+    def _transfer_config(self) -> Any:
+        """The arm's ``KVTransferConfig`` (None for the no-connector arm): ours or stock
+        ``LMCacheMPConnector``, pointed at a server that the stand-in replaces."""
+        from vllm.config import KVTransferConfig
+
+        if self.arm.kind == "none":
+            return None
+        extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 1,
+                 "lmcache.mp.mq_timeout": 30, **dict(self.arm.extra)}
+        if self.arm.kind == "ours" and self.arm.lazy:
+            extra.setdefault("lmcache.mp.lazy_offload_log_dir", self.log_dir or "")
+        if self.arm.kind == "ours":
+            module, name = "connector", "EventSourcedLMCacheMPConnector"
+        else:
+            module = "lmcache.integration.vllm.lmcache_mp_connector"
+            name = "LMCacheMPConnector"
+        return KVTransferConfig(kv_connector=name, kv_connector_module_path=module,
+                                kv_role="kv_both", kv_connector_extra_config=extra)
+
+    def _configs(self) -> tuple[Any, Any]:
+        """``(VllmConfig, KVCacheConfig)``: the tiny model, the pool and the arm."""
         import torch
-        from vllm.config import (
-            CacheConfig,
-            KVTransferConfig,
-            ModelConfig,
-            SchedulerConfig,
-            VllmConfig,
-        )
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.v1.kv_cache_interface import (
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
         )
-        from vllm.v1.structured_output import StructuredOutputManager
 
         p = self.p
         d = model_dir()
@@ -301,26 +379,22 @@ class Sim:
                              max_num_batched_tokens=p.max_num_batched_tokens,
                              max_model_len=p.max_model_len, enable_chunked_prefill=True,
                              is_encoder_decoder=False)
-        ktc = None
-        if self.arm.kind != "none":
-            extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 1,
-                     "lmcache.mp.mq_timeout": 30, **dict(self.arm.extra)}
-            if self.arm.kind == "ours" and self.arm.lazy:
-                extra.setdefault("lmcache.mp.lazy_offload_log_dir", self.log_dir or "")
-            if self.arm.kind == "ours":
-                module, name = "connector", "EventSourcedLMCacheMPConnector"
-            else:
-                module = "lmcache.integration.vllm.lmcache_mp_connector"
-                name = "LMCacheMPConnector"
-            ktc = KVTransferConfig(kv_connector=name, kv_connector_module_path=module,
-                                   kv_role="kv_both", kv_connector_extra_config=extra)
         vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
-                        kv_transfer_config=ktc)
+                        kv_transfer_config=self._transfer_config())
         vc.cache_config.num_gpu_blocks = p.num_gpu_blocks
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32,
                                  dtype=torch.float32)
         kcc = KVCacheConfig(num_blocks=p.num_gpu_blocks, kv_cache_tensors=[],
                             kv_cache_groups=[KVCacheGroupSpec(["l0", "l1"], spec)])
+        return vc, kcc
+
+    def _build(self) -> None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        vc, kcc = self._configs()
         import lmcache.integration.vllm.lmcache_mp_connector as lmc
 
         standin.CURRENT = self.lm
@@ -341,6 +415,8 @@ class Sim:
         self._install_hooks()
 
     def _install_hooks(self) -> None:
+        """Evictions (ground truth and loss attribution), the timed connector calls and,
+        for a lazy arm, the manager's candidates and (stock) submissions."""
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
         pool, instr = self.pool, self.instr
@@ -365,39 +441,43 @@ class Sim:
         self._timed(conn, "update_connector_output")
         self._timed(conn, "request_finished_all_groups", post=self._post_finished_all)
         self._timed(conn, "request_finished", post=self._post_finished)
-        mgr = self.view.mgr
-        if mgr is not None:
-            orig_add = mgr.add_store_candidate
+        if self.view.mgr is not None:
+            self._hook_manager(self.view.mgr)
 
-            def add_hook(meta: Any) -> None:
-                orig_add(meta)
-                t0 = time.perf_counter()
-                self.view.offered += 1
-                blocks = pool.blocks
-                rid, start = meta.request_id, meta.op.start
-                for b in meta.op.flat_block_ids:
-                    self.watch.setdefault(b, []).append((rid, start, blocks[b].block_hash))
-                instr.total += time.perf_counter() - t0
+    def _hook_manager(self, mgr: Any) -> None:
+        pool, instr = self.pool, self.instr
+        orig_add = mgr.add_store_candidate
 
-            mgr.add_store_candidate = add_hook
-            if not self.view.ours:
-                orig_step = mgr.on_scheduler_step
+        def add_hook(meta: Any) -> None:
+            orig_add(meta)
+            t0 = time.perf_counter()
+            self.view.offered += 1
+            blocks = pool.blocks
+            rid, start = meta.request_id, meta.op.start
+            for b in meta.op.flat_block_ids:
+                self.watch.setdefault(b, []).append((rid, start, blocks[b].block_hash))
+            instr.total += time.perf_counter() - t0
 
-                def step_hook(so: Any) -> Any:
-                    self.view._last_emitted = []
-                    actions = orig_step(so)
-                    t0 = time.perf_counter()
-                    sub = {m.request_id: (m.op.start, m.op.end) for m in actions.stores_to_submit}
-                    for rid, s, e in self.view._last_emitted:
-                        rng = sub.get(rid)
-                        if rng is not None and rng[0] <= s and e <= rng[1]:
-                            self.view.submitted_ops += 1
-                        else:
-                            self.view.stale_ops += 1
-                    instr.total += time.perf_counter() - t0
-                    return actions
+        mgr.add_store_candidate = add_hook
+        if self.view.ours:
+            return
+        orig_step = mgr.on_scheduler_step
 
-                mgr.on_scheduler_step = step_hook
+        def step_hook(so: Any) -> Any:
+            self.view._last_emitted = []
+            actions = orig_step(so)
+            t0 = time.perf_counter()
+            sub = {m.request_id: (m.op.start, m.op.end) for m in actions.stores_to_submit}
+            for rid, s, e in self.view._last_emitted:
+                rng = sub.get(rid)
+                if rng is not None and rng[0] <= s and e <= rng[1]:
+                    self.view.submitted_ops += 1
+                else:
+                    self.view.stale_ops += 1
+            instr.total += time.perf_counter() - t0
+            return actions
+
+        mgr.on_scheduler_step = step_hook
 
     def _wrap_policy_drain(self) -> None:
         pol = self.view.policy()
@@ -549,132 +629,127 @@ class Sim:
         self.instr.total += time.perf_counter() - t0
 
     def run(self) -> ArmResult:
-        from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPWorkerMetadata
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        """Run the arm until every session is done (plus a short idle tail for
+        outstanding receipts) or ``max_steps``; return its result."""
+        started = time.perf_counter()
+        self._loop()
+        self.res.wall_s = time.perf_counter() - started
+        return self._collect()
 
-        sched = self.scheduler
-        res = self.res
-        # session state: next turn index, conversation tokens, release step
-        conv: dict[int, list[int]] = {}
-        next_turn: dict[int, int] = {s.sid: 0 for s in self.sessions}
-        release: list[tuple[int, int]] = [(s.start_step, s.sid) for s in self.sessions]
-        by_sid = {s.sid: s for s in self.sessions}
-        import heapq
-
-        heapq.heapify(release)
-        active: dict[str, tuple[Any, int]] = {}  # rid -> (Request, sid)
-        out_tokens: dict[str, list[int]] = {}
-        self.requests: dict[str, Any] = {}
-        self.lm.requests = self.requests
-        live_sessions = len(self.sessions)
-        t_start = time.perf_counter()
+    def _loop(self) -> None:
         idle_tail = 0
         while self.step < self.p.max_steps:
             self.step += 1
-            step = self.step
-            # release due turns
-            while release and release[0][0] <= step:
-                _, sid = heapq.heappop(release)
-                s = by_sid[sid]
-                k = next_turn[sid]
-                turn = s.turns[k]
-                if turn.repeat_whole_prompt:
-                    prompt = list(s.turns[0].new_tokens)
-                else:
-                    prompt = conv.get(sid, []) + turn.new_tokens
-                rid = f"s{sid}t{k}"
-                req = self._make_request(rid, prompt, turn)
-                self.requests[rid] = req
-                out_tokens[rid] = turn.out_tokens
-                active[rid] = (req, sid)
-                self._register_prompt(req)
-                sched.add_request(req)
-            backlog = self.view.backlog()
-            res.backlog.append(backlog)
-            res.max_backlog = max(res.max_backlog, backlog)
-            # schedule
-            self.conn_acc = 0.0
-            i0 = self.instr.total
-            t0 = time.perf_counter()
-            so = sched.schedule()
-            t1 = time.perf_counter()
-            res.max_running = max(res.max_running, len(sched.running))
-            if so.preempted_req_ids:
-                res.preemptions += len(so.preempted_req_ids)
-            # worker sim
-            finished_recving: set[str] = set()
-            meta = so.kv_connector_metadata
-            ti = time.perf_counter()
-            if meta is not None and getattr(meta, "requests", None):
-                for m in meta.requests:
-                    if m.direction == "STORE":
-                        self._submit_store(m)
-                    else:
-                        finished_recving.add(m.request_id)
-            completed: dict[str, int] = {}
-            failed: set[str] = set()
-            for rid, (n, bad, _keys) in self._take_receipts(step).items():
-                completed[rid] = n
-                if bad:
-                    failed.add(rid)
-            finished_sending = {r for r in self.eager_wait_free if self.outstanding.get(r, 0) == 0}
-            self.eager_wait_free -= finished_sending
-            # fake model outputs
-            req_ids = list(so.num_scheduled_tokens.keys())
-            sampled: list[list[int]] = []
-            for rid in req_ids:
-                req = self.requests[rid]
-                if req.num_computed_tokens >= req.num_tokens:
-                    toks = out_tokens[rid]
-                    i = len(req.output_token_ids)
-                    sampled.append([toks[i] if i < len(toks) else 7])
-                else:
-                    sampled.append([])
-            kco = None
-            if self.connector is not None:
-                wm = None
-                if self.arm.lazy and (completed or failed):
-                    wm = LMCacheMPWorkerMetadata(completed_store_requests=completed,
-                                                 failed_store_requests=failed)
-                kco = KVConnectorOutput(finished_sending=finished_sending or None,
-                                        finished_recving=finished_recving or None,
-                                        kv_connector_worker_meta=wm)
-            mro = ModelRunnerOutput(req_ids=req_ids,
-                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                    sampled_token_ids=sampled, kv_connector_output=kco)
-            res.computed_tokens += so.total_num_scheduled_tokens
-            self.instr.total += time.perf_counter() - ti
-            t2 = time.perf_counter()
-            sched.update_from_output(so, mro)
-            t3 = time.perf_counter()
-            instr_dt = self.instr.total - i0
-            res.sched_ms.append(((t1 - t0) + (t3 - t2) - instr_dt) * 1e3)
-            res.conn_ms.append(self.conn_acc * 1e3)
-            if so.total_num_scheduled_tokens:
-                res.token_steps += 1
-            # finished turns -> schedule next turn
-            done = [rid for rid, (req, _) in active.items() if req.is_finished()]
-            for rid in done:
-                req, sid = active.pop(rid)
-                res.finished_requests += 1
-                s = by_sid[sid]
-                k = next_turn[sid]
-                turn = s.turns[k]
-                if not turn.repeat_whole_prompt:
-                    conv[sid] = list(req.prompt_token_ids) + list(req.output_token_ids)
-                next_turn[sid] = k + 1
-                if k + 1 < len(s.turns):
-                    heapq.heappush(release, (step + max(1, s.turns[k + 1].pause_steps), sid))
-                else:
-                    live_sessions -= 1
-            if live_sessions == 0 and not active:
-                busy = self.due_receipts or self.eager_wait_free or sched.has_requests()
+            self._one_step(self.step)
+            if self.arrivals.done:
+                busy = (self.due_receipts or self.eager_wait_free
+                        or self.scheduler.has_requests())
                 idle_tail += 1
                 if not busy or idle_tail > 50:
                     break
+
+    def _one_step(self, step: int) -> None:
+        """Arrivals, ``schedule``, the simulated workers and model, ``update_from_output``,
+        then finished turns. Scheduler time excludes instrumentation and the simulation
+        between the two scheduler calls."""
+        res = self.res
+        self._release_due_turns()
+        backlog = self.view.backlog()
+        res.backlog.append(backlog)
+        res.max_backlog = max(res.max_backlog, backlog)
+        self.conn_acc = 0.0
+        i0 = self.instr.total
+        t0 = time.perf_counter()
+        so = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        res.max_running = max(res.max_running, len(self.scheduler.running))
+        if so.preempted_req_ids:
+            res.preemptions += len(so.preempted_req_ids)
+        ti = time.perf_counter()
+        mro = self._model_output(so, self._worker_output(so, step))
+        res.computed_tokens += so.total_num_scheduled_tokens
+        self.instr.total += time.perf_counter() - ti
+        t2 = time.perf_counter()
+        self.scheduler.update_from_output(so, mro)
+        t3 = time.perf_counter()
+        instr_dt = self.instr.total - i0
+        res.sched_ms.append(((t1 - t0) + (t3 - t2) - instr_dt) * 1e3)
+        res.conn_ms.append(self.conn_acc * 1e3)
+        if so.total_num_scheduled_tokens:
+            res.token_steps += 1
+        self._retire_finished_turns(step)
+
+    # -- per-step hooks ---------------------------------------------------------------
+    def _release_due_turns(self) -> None:
+        for rid, prompt, turn, sid in self.arrivals.pop_due(self.step):
+            req = self._make_request(rid, prompt, turn)
+            self.requests[rid] = req
+            self.arrivals.started(rid, req, sid, turn)
+            self._register_prompt(req)
+            self.scheduler.add_request(req)
+
+    def _retire_finished_turns(self, step: int) -> None:
+        done = [rid for rid, (req, _) in self.arrivals.active.items() if req.is_finished()]
+        for rid in done:
+            self.res.finished_requests += 1
+            self.arrivals.finished(rid, step)
+
+    def _worker_output(self, so: Any, step: int) -> Any:
+        """The workers' side of one step: submit this step's STOREs, finish its
+        RETRIEVEs now, collect the receipts due, and the eager delayed frees whose
+        stores are all done. None without a connector."""
+        from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPWorkerMetadata
+        from vllm.v1.outputs import KVConnectorOutput
+
+        finished_recving: set[str] = set()
+        meta = so.kv_connector_metadata
+        if meta is not None and getattr(meta, "requests", None):
+            for m in meta.requests:
+                if m.direction == "STORE":
+                    self._submit_store(m)
+                else:
+                    finished_recving.add(m.request_id)
+        completed: dict[str, int] = {}
+        failed: set[str] = set()
+        for rid, (n, bad, _keys) in self._take_receipts(step).items():
+            completed[rid] = n
+            if bad:
+                failed.add(rid)
+        finished_sending = {r for r in self.eager_wait_free if self.outstanding.get(r, 0) == 0}
+        self.eager_wait_free -= finished_sending
+        if self.connector is None:
+            return None
+        wm = None
+        if self.arm.lazy and (completed or failed):
+            wm = LMCacheMPWorkerMetadata(completed_store_requests=completed,
+                                         failed_store_requests=failed)
+        return KVConnectorOutput(finished_sending=finished_sending or None,
+                                 finished_recving=finished_recving or None,
+                                 kv_connector_worker_meta=wm)
+
+    def _model_output(self, so: Any, kco: Any) -> Any:
+        """A fake model step: the next scripted output token for every scheduled
+        request past its prompt (``7`` once the script runs out), nothing for the rest."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(so.num_scheduled_tokens.keys())
+        sampled: list[list[int]] = []
+        for rid in req_ids:
+            req = self.requests[rid]
+            if req.num_computed_tokens >= req.num_tokens:
+                toks = self.arrivals.out_tokens[rid]
+                i = len(req.output_token_ids)
+                sampled.append([toks[i] if i < len(toks) else 7])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(req_ids=req_ids,
+                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled, kv_connector_output=kco)
+
+    def _collect(self) -> ArmResult:
+        res = self.res
         res.steps = self.step
-        res.wall_s = time.perf_counter() - t_start
-        res.unfinished_sessions = live_sessions
+        res.unfinished_sessions = self.arrivals.live_sessions
         res.lmcache_hit_tokens = self.lm.hit_tokens
         res.written_keys = len(self.written)
         res.useful_written_keys = len(self.useful & self.written)

@@ -18,7 +18,7 @@ from pathlib import Path
 from connector.recording import EventRecorder
 from offload_fsm.codec import state_digest
 from offload_fsm.logformat import SCHEMA_VERSION
-from replay.synthetic import default_config, run_workload
+from offload_fsm.testing.synthetic import default_config, run_workload
 
 
 def main() -> int:

@@ -14,21 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.lmcache_server import LMCacheServer
-from tests.e2e.tiny_model import build_tiny_llama
+from testkit.env import apply_e2e_env
+from testkit.lmcache_server import LMCacheServer
+from testkit.tiny_model import build_tiny_llama
 
 # Must be in the environment before vLLM/LMCache are imported or spawn their subprocesses.
-E2E_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "DO_NOT_TRACK": "1",
-    "LMCACHE_TRACK_USAGE": "false",
-    "VLLM_NO_USAGE_STATS": "1",
-    "LMCACHE_DISABLE_BANNER": "1",
-}
-for _key, _value in E2E_ENV.items():
-    os.environ.setdefault(_key, _value)
+apply_e2e_env()
 
 _E2E_DIR = Path(__file__).resolve().parent
 

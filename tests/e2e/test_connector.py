@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.lmcache_server import LMCacheServer
+from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
 
 pytestmark = pytest.mark.e2e

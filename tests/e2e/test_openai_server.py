@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.lmcache_server import LMCacheServer, free_port
+from testkit.lmcache_server import LMCacheServer, free_port
 
 pytestmark = pytest.mark.e2e
 

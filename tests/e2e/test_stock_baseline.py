@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.lmcache_server import LMCacheServer
+from testkit.lmcache_server import LMCacheServer
 
 pytestmark = pytest.mark.e2e
 

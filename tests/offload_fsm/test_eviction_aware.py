@@ -29,10 +29,10 @@ from offload_fsm.decisions import (
     SelectReason,
     StoreSubmitted,
 )
+from offload_fsm.ea_planner import OVERDUE_RANK, SHIELDED_RANK
 from offload_fsm.events import FreeQueueRead
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import window_depth
-from offload_fsm.policies import OVERDUE_RANK, SHIELDED_RANK
 from offload_fsm.state import holders
 
 from .helpers import Harness, ea

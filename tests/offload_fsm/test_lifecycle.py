@@ -535,11 +535,11 @@ INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
     ),
     "hashes_for_unknown_batch": (
         lambda h: HashesRead(batch_id=99, block_hashes=(1, 2)),
-        "no hashes were requested for batch 99",
+        "HashesRead arrived in phase open: no answer was asked for",
     ),
     "unrequested_free_queue_read": (
         lambda h: FreeQueueRead(window_block_ids=(1,)),
-        "no free-queue read was requested",
+        "FreeQueueRead arrived in phase open: no answer was asked for",
     ),
     "window_of_wrong_length": (
         lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=4, next_step_blocks=0,
@@ -628,7 +628,8 @@ def test_observation_while_answers_are_outstanding_is_invalid() -> None:
         free_blocks=0, window_block_ids=(), reallocated=(), time_s=5.0))
     read = next(c for c in outcome.commands if isinstance(c, ReadHashes))
     before = _snapshot(h.state)
-    with pytest.raises(InvalidEvent, match="while answers are outstanding") as raised:
+    expected = "RequestArrived arrived in phase awaiting_answers: answers are outstanding"
+    with pytest.raises(InvalidEvent, match=expected) as raised:
         step(h.state, RequestArrived(req_id="b"))
     assert f"batches [{read.batch_id}]" in str(raised.value)
     assert _snapshot(h.state) == before

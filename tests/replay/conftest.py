@@ -7,7 +7,7 @@ import pytest
 
 from connector.recording import EventRecorder
 from offload_fsm.config import OffloadConfig
-from replay.synthetic import RecordingWorld, default_config, run_workload
+from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_workload
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 

@@ -14,11 +14,11 @@ import pytest
 
 from connector.recording import EventRecorder
 from offload_fsm import OffloadConfig, Policy, new_state
+from offload_fsm.testing.synthetic import RecordingWorld
 from offload_fsm.testing.world import FakePool
 from replay.cli import main
 from replay.explain import ExplainObserver
 from replay.runner import replay
-from replay.synthetic import RecordingWorld
 from replay.tail import follow
 from tests.replay.conftest import VERSIONS
 

@@ -21,6 +21,7 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
+from offload_fsm.logdecode import LogDecoder, decode_record
 from offload_fsm.logformat import (
     SCHEMA_VERSION,
     Digest,
@@ -28,12 +29,10 @@ from offload_fsm.logformat import (
     Gap,
     Header,
     Inputs,
-    LogDecoder,
-    decode_record,
     encode_record,
 )
 from offload_fsm.machine import Outcome
-from replay.synthetic import run_workload
+from offload_fsm.testing.synthetic import run_workload
 
 EVERY_EVENT = (
     RequestArrived(req_id="r-1"),

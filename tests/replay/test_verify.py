@@ -11,8 +11,9 @@ from hypothesis import settings
 
 from connector.recording import EventRecorder
 from offload_fsm.framing import Record, frame, scan
+from offload_fsm.lifecycle import SHUT_DOWN
+from offload_fsm.testing.synthetic import RecordingWorld
 from replay.runner import replay
-from replay.synthetic import RecordingWorld
 from tests.offload_fsm.test_stateful import EvictionAwareMachine, FifoMachine
 from tests.replay.conftest import VERSIONS, record_workload
 
@@ -114,7 +115,7 @@ def test_a_disabled_recorder_records_nothing(tmp_path: Path) -> None:
 
 
 def _config():  # type: ignore[no-untyped-def]
-    from replay.synthetic import default_config
+    from offload_fsm.testing.synthetic import default_config
 
     return default_config()
 
@@ -138,7 +139,7 @@ def _recording(machine_class):  # type: ignore[no-untyped-def]
                 super().teardown()
                 self._recorder.close(self.world.state)
                 result = replay(self._dir.name)
-                if self.world.state.poisoned is None or self.world.state.closed:
+                if self.world.state.poisoned in (None, SHUT_DOWN):
                     assert result.ok, (result.divergence, result.damage, result.lost)
                     assert result.events_applied == len(self.world.applied)
             finally:

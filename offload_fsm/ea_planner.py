@@ -1,0 +1,180 @@
+"""EVICTION_AWARE's planner: pure, read-only, over the free-queue window.
+
+LMCache G3 semantics, plus two rules of ours:
+
+* A request is *due* when a block of its buffered ops has a free-queue rank
+  below the danger depth ``D`` (the window). Its due segment runs from its
+  first op through the last op with a block in the window (prefix closure:
+  a stored chunk never lacks its stored prefix).
+* ``D = ceil(max(EMA of per-step allocation, next-step estimate) * horizon)``,
+  or 0 below 0.5 (idle).
+* Candidates go most imminent first (lowest rank), admission order breaking
+  ties; overdue-only requests (``max_deferral_seconds``) come after every
+  at-risk one and release their whole buffer. At most ``max_drain_per_step``
+  ops are selected per step; the cap may cut a segment, only ever to a front
+  slice.
+* Ours: *shielded* requests (protected at finish, the blind-window rule) rank
+  before everything (-1): their blocks are already pinned, so storing them
+  costs no free blocks and releases pins soonest.
+* Ours: the *pin budget*. Protecting a block that sits in the free queue takes
+  it away from the next ``schedule()``. vLLM preempts only when a *running*
+  request cannot get its next block; a plan may take at most the step's pin
+  headroom (``free_blocks - pins.pin_reserve``) of queued blocks. Requests
+  that do not fit wait, which costs no recomputation. A block counts as
+  queued when it is in the window or belongs to a finished request
+  (conservative for shared prefix blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from offload_fsm.decisions import HoldReason, SelectReason
+from offload_fsm.plan import Hold, Pick, Plan, ema_update
+from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
+
+DEPTH_CUTOFF = 0.5
+OVERDUE_RANK = 1 << 62
+SHIELDED_RANK = -1
+PEAK_DECAY = 0.95
+
+# (rank, admission order, request, end token of its due segment, reason)
+Candidate = tuple[int, int, RequestState, int, SelectReason]
+
+
+def next_ema(ema_blocks: float | None, allocated_blocks: int) -> float:
+    """EMA of gross per-step block allocation (the first step seeds it)."""
+    if ema_blocks is None:
+        return float(allocated_blocks)
+    return ema_update(ema_blocks, allocated_blocks)
+
+
+def next_peak(peak_blocks: float, allocated_blocks: int) -> float:
+    """A peak of per-step allocation that decays by 5% a token step. The EMA
+    averages bursts away; a finished request's freed blocks must survive the
+    next burst (an LMCache hit allocates every external token at once)."""
+    return max(float(allocated_blocks), PEAK_DECAY * peak_blocks)
+
+
+def danger_depth(ema_blocks: float, next_step_blocks: int, horizon_steps: float) -> int:
+    """``ceil(max(EMA, next-step estimate) * horizon)``, or 0 below 0.5 (idle)."""
+    horizon_blocks = max(ema_blocks, float(next_step_blocks)) * horizon_steps
+    if horizon_blocks < DEPTH_CUTOFF:
+        return 0
+    return math.ceil(horizon_blocks)
+
+
+def plan_eviction_aware(
+    state: State,
+    ctx: StepContext,
+    ranked_blocks: Iterable[tuple[int, int]],
+    *,
+    reason: SelectReason,
+    with_shielded: bool,
+    overdue: Iterable[RequestState],
+) -> Plan:
+    """Plan one drain round over ``(rank, block_id)`` pairs of the window.
+
+    ``with_shielded`` adds requests protected at finish; ``overdue`` lists the
+    requests past ``max_deferral_seconds`` (``buffer.pop_overdue`` finds them).
+    """
+    due, in_flight = _due(state, ranked_blocks)
+    candidates = _candidates(state, due, reason, with_shielded, overdue)
+    holds = [Hold(rec=r, ops=len(r.ops), reason=HoldReason.IN_FLIGHT) for r in in_flight]
+    return _fit(ctx, candidates, holds)
+
+
+def _due(
+    state: State, ranked_blocks: Iterable[tuple[int, int]]
+) -> tuple[dict[str, tuple[int, int, RequestState]], list[RequestState]]:
+    """Requests with a buffered block in the window: req -> (best rank, due
+    end, request); and those held back by a batch still in flight."""
+    due: dict[str, tuple[int, int, RequestState]] = {}
+    held: dict[str, RequestState] = {}
+    owners = state.owners
+    for rank, block_id in ranked_blocks:
+        for op in holders(owners.get(block_id)):
+            rec = op.req
+            if rec.batch is not None:
+                held[rec.req_id] = rec
+                continue
+            seen = due.get(rec.req_id)
+            if seen is None:
+                due[rec.req_id] = (rank, op.end_token, rec)
+            elif op.end_token > seen[1]:
+                due[rec.req_id] = (seen[0], op.end_token, rec)
+    return due, list(held.values())
+
+
+def _candidates(
+    state: State,
+    due: dict[str, tuple[int, int, RequestState]],
+    reason: SelectReason,
+    with_shielded: bool,
+    overdue: Iterable[RequestState],
+) -> list[Candidate]:
+    candidates: list[Candidate] = [
+        (rank, rec.order, rec, end, reason) for rank, end, rec in due.values()
+    ]
+    if with_shielded:
+        for req_id in state.shielded:
+            rec = state.requests[req_id]
+            if rec.batch is None and req_id not in due:
+                candidates.append(
+                    (SHIELDED_RANK, rec.order, rec, rec.ops[-1].end_token, SelectReason.SHIELDED)
+                )
+    taken = {c[2].req_id for c in candidates}
+    for rec in overdue:
+        if rec.req_id not in taken and rec.batch is None:
+            candidates.append(
+                (OVERDUE_RANK, rec.order, rec, rec.ops[-1].end_token, SelectReason.OVERDUE)
+            )
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    return candidates
+
+
+def _fit(ctx: StepContext, candidates: list[Candidate], holds: list[Hold]) -> Plan:
+    """Take candidates in order within the drain cap and the pin headroom."""
+    picks: list[Pick] = []
+    ops_left = ctx.ops_left
+    headroom = ctx.pin_headroom_blocks
+    window_pinned: set[int] = set()
+    for rank, _order, rec, due_end, why in candidates:
+        segment = [op for op in rec.ops if op.end_token <= due_end]
+        if ops_left <= 0:
+            holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.DRAIN_CAP))
+            continue
+        segment = segment[:ops_left]
+        count = cost = 0
+        for op in segment:
+            op_cost = _queued_cost(op, ctx.window_seen)
+            if cost + op_cost > headroom:
+                break
+            cost += op_cost
+            count += 1
+        if count == 0:
+            holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.PIN_BUDGET))
+            continue
+        picks.append(Pick(rec=rec, count=count, reason=why, rank=rank))
+        ops_left -= count
+        headroom -= cost
+        for op in segment[:count]:
+            if not op.pinned:
+                window_pinned.update(b for b in op.block_ids if b in ctx.window_seen)
+    return Plan(
+        picks=tuple(picks),
+        holds=tuple(holds),
+        ops_used=ctx.ops_left - ops_left,
+        headroom_used_blocks=ctx.pin_headroom_blocks - headroom,
+        window_pinned_blocks=len(window_pinned),
+    )
+
+
+def _queued_cost(op: Op, window: set[int]) -> int:
+    """Free-queue blocks that protecting ``op`` would take from the allocator."""
+    if op.pinned:
+        return 0
+    if op.req.phase is Phase.FINISHED:
+        return len(op.block_ids)
+    return sum(1 for block_id in op.block_ids if block_id in window)

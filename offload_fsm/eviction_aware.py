@@ -1,0 +1,173 @@
+"""EVICTION_AWARE's transition rules: the danger window, the pin cascade,
+the blind-window shield, and the hooks that keep its index and dedup state.
+
+A token step updates the allocation EMA, the decaying peak and the danger
+depth, applies the reported reallocations (``blockindex``: incremental loss
+detection), then plans a drain over the free-queue window the shell read
+(``ea_planner``) within the step's budget (``StepContext``: the drain cap and
+the pin headroom, ``pins.pin_reserve``). A step with nothing due (no overdue
+request, no shield, no buffered block in the window) costs one C-level set
+test. A step without scheduled tokens selects nothing (vLLM discards
+connector metadata built on it); it lifts the shields, because an idle
+engine must not hold pins.
+
+Three rules beat LMCache's EVICTION_AWARE where it loses data:
+
+* The *shield* (``RequestFinished``): blocks freed now join the free-queue
+  tail at rank ``free_blocks``; if the next ``schedule()`` can allocate that
+  deep (the danger depth, its token budget, or the recent allocation peak,
+  whichever is largest) it can reallocate them before any drain sees them.
+  Protect them now, unless the engine is idle (depth 0) or the free queue
+  cannot spare the running requests' reserve.
+* The *pin cascade*: selections made from the window pin window blocks,
+  which pulls blocks from beyond ``D`` into it; the core asks for the window
+  again (``ReadFreeQueue``) and plans over the newly visible blocks
+  (``FreeQueueRead``), until nothing new is pinned or the cap is spent.
+* The *pin budget* (``ea_planner``) keeps the running requests' reserve free.
+
+Content dedup (``dedup``) trims chunks another batch stored or is storing
+and rejects candidates whose chunks are all stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from offload_fsm import blockindex, dedup
+from offload_fsm.buffer import pop_overdue
+from offload_fsm.commands import ReadFreeQueue
+from offload_fsm.counters import Counter
+from offload_fsm.decisions import OpsShielded, SelectReason, ShieldLifted
+from offload_fsm.drain import apply_plan
+from offload_fsm.ea_planner import danger_depth, next_ema, next_peak, plan_eviction_aware
+from offload_fsm.errors import InvalidEvent
+from offload_fsm.events import FreeQueueRead, RequestFinished, StepScheduled
+from offload_fsm.hooks import PolicyHooks, Scope
+from offload_fsm.pins import pin_reserve, protect, release
+from offload_fsm.plan import Plan
+from offload_fsm.state import Op, RequestState, State, StepContext
+
+
+def window_depth(
+    state: State, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int
+) -> int:
+    """The danger depth after this step's EMA update; 0 for empty steps and
+    when no buffered op covers any block (then no rank can matter)."""
+    if scheduled_tokens == 0 or not state.owners:
+        return 0
+    ema = next_ema(state.ema_blocks, allocated_blocks)
+    return danger_depth(ema, next_step_blocks, state.config.horizon_steps)
+
+
+def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
+    state.ema_blocks = next_ema(state.ema_blocks, event.allocated_blocks)
+    state.peak_blocks = next_peak(state.peak_blocks, event.allocated_blocks)
+    state.depth_blocks = danger_depth(
+        state.ema_blocks, event.next_step_blocks, state.config.horizon_steps
+    )
+    state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
+    blockindex.apply_reallocations(state, event.reallocated, scope)
+    overdue = pop_overdue(state)
+    if not overdue and not state.shielded and state.owners.keys().isdisjoint(
+        event.window_block_ids
+    ):
+        return  # nothing due
+    ctx = StepContext(
+        ops_left=state.config.max_drain_per_step,
+        pin_headroom_blocks=max(0, event.free_blocks - pin_reserve(state, event.reserve_blocks)),
+        depth_blocks=state.depth_blocks,
+        window_seen=set(event.window_block_ids),
+    )
+    state.context = ctx
+    plan = plan_eviction_aware(
+        state, ctx, enumerate(event.window_block_ids),
+        reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue,
+    )
+    apply_plan(state, plan, scope)
+    _maybe_cascade(state, ctx, plan, scope)
+
+
+def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
+    """The cascade round: plan over the blocks this step's pins pulled in."""
+    ctx = state.context
+    if not state.awaiting_queue or ctx is None:
+        raise InvalidEvent(event.TAG, None, "no free-queue read was requested")
+    if len(event.window_block_ids) > ctx.depth_blocks:
+        raise InvalidEvent(
+            event.TAG, None,
+            f"free-queue read returned {len(event.window_block_ids)} blocks, "
+            f"more than the {ctx.depth_blocks} asked for",
+        )
+    state.awaiting_queue = False
+    fresh = [(rank, b) for rank, b in enumerate(event.window_block_ids)
+             if b not in ctx.window_seen]
+    state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
+    ctx.window_seen.update(b for _, b in fresh)
+    plan = plan_eviction_aware(
+        state, ctx, fresh, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
+    )
+    apply_plan(state, plan, scope)
+    _maybe_cascade(state, ctx, plan, scope)
+
+
+def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, scope: Scope) -> None:
+    ctx.window_pinned_blocks += plan.window_pinned_blocks
+    if plan.window_pinned_blocks and ctx.ops_left > 0 and ctx.depth_blocks > 0:
+        scope.commands.append(ReadFreeQueue(depth_blocks=ctx.depth_blocks))
+        state.awaiting_queue = True
+
+
+def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scope) -> None:
+    """The blind-window rule (module docstring)."""
+    free_blocks = event.free_blocks
+    depth = state.depth_blocks
+    reach = max(depth, event.next_step_max_blocks, math.ceil(state.peak_blocks))
+    if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
+        return
+    ops = [op for op in rec.ops if not op.pinned]
+    block_ids = tuple(b for op in ops for b in op.block_ids)
+    if not block_ids:
+        return
+    for op in ops:
+        op.pinned = True
+    protect(state, -1, block_ids, scope)
+    state.shielded[rec.req_id] = None
+    state.counters[Counter.SHIELDED_OPS] += len(ops)
+    scope.decisions.append(
+        OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
+                    free_blocks=free_blocks, reach_blocks=reach)
+    )
+
+
+def _lift_shields(state: State, scope: Scope) -> None:
+    for req_id in list(state.shielded):
+        rec = state.requests[req_id]
+        pinned = [op for op in rec.ops if op.pinned]
+        blocks = sum(len(op.block_ids) for op in pinned)
+        release(state, -1, pinned, scope)
+        del state.shielded[req_id]
+        scope.decisions.append(ShieldLifted(req_id=req_id, ops=len(pinned), blocks=blocks))
+
+
+def _selecting(state: State, rec: RequestState, ops: list[Op], scope: Scope) -> list[Op]:
+    ops = dedup.skip_duplicates(state, rec, ops, scope)
+    dedup.claim(state, ops)
+    return ops
+
+
+def _released(state: State, ops: Sequence[Op], stored: bool) -> None:
+    dedup.unclaim(state, ops, stored)
+
+
+HOOKS = PolicyHooks(
+    window_depth=window_depth,
+    already_stored=dedup.already_stored,
+    admitted=blockindex.index,
+    unbuffered=blockindex.unindex,
+    token_step=_token_step,
+    empty_step=_lift_shields,
+    finished=_shield,
+    selecting=_selecting,
+    released=_released,
+)

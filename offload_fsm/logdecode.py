@@ -1,0 +1,196 @@
+"""Event-log decoding: payload bytes back into records (see ``logformat``).
+
+Pure module: standard library, ``attrs`` and ``msgpack`` only. A payload
+decodes under its file's schema version (a header under its own); older
+versions are brought up to date by ``logformat.UPCASTERS`` before any object
+is built. Events are built without the attrs ``__init__`` frame (the hot path
+of replay). Every failure is :class:`UnknownTag`, :class:`SchemaTooNew` or
+:class:`LogCorrupt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import msgpack
+
+from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES
+from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
+from offload_fsm.events import EVENT_TYPES, Event
+from offload_fsm.logformat import (
+    DIGEST,
+    END,
+    GAP,
+    HEADER,
+    INPUTS,
+    REJECTED,
+    SCHEMA_VERSION,
+    UPCASTERS,
+    Digest,
+    End,
+    Gap,
+    Header,
+    Inputs,
+    LogRecord,
+    Rejected,
+)
+
+__all__ = ["LogDecoder", "decode_record"]
+
+
+
+def _make_builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
+    """Build ``cls`` from its wire tuple without the attrs ``__init__`` frame.
+
+    Events have no validators, converters, defaults or enum fields, so filling
+    the slots directly gives an object equal to ``cls(**fields)``.
+    """
+    names = _FIELD_NAMES[cls.TAG]
+    assert not _ENUM_FIELDS[cls.TAG], f"{cls.__name__} has enum fields"
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
+    width = len(names) + 1
+    new = object.__new__
+    if not names:
+        def build_empty(item: Sequence[Any]) -> Any:
+            if len(item) != 1:
+                raise LogCorrupt(f"tag {cls.TAG} ({cls.__name__}) carries fields")
+            return new(cls)
+        return build_empty
+
+    def build(item: Sequence[Any]) -> Any:
+        if len(item) != width:
+            raise LogCorrupt(
+                f"tag {cls.TAG} ({cls.__name__}) has {len(item) - 1} fields, "
+                f"expected {width - 1}"
+            )
+        obj = new(cls)
+        for setter, value in zip(setters, item[1:]):  # noqa: B905 (length checked)
+            setter(obj, value)
+        return obj
+
+    return build
+
+
+_EVENT_BUILDERS: dict[int, Callable[[Sequence[Any]], Any]] = {
+    cls.TAG: _make_builder(cls) for cls in EVENT_TYPES
+}
+
+
+def _event(item: Any) -> Event:
+    try:
+        build = _EVENT_BUILDERS[item[0]]
+    except KeyError:
+        raise UnknownTag(item[0]) from None
+    except (TypeError, IndexError):
+        raise LogCorrupt(f"expected an event array, got {item!r}") from None
+    return build(item)  # type: ignore[no-any-return]
+
+
+def _upcast(item: tuple[Any, ...], version: int) -> tuple[Any, ...]:
+    while version < SCHEMA_VERSION:
+        upcaster = UPCASTERS.get(version)
+        if upcaster is None:
+            raise LogCorrupt(f"no upcaster from schema version {version}")
+        item = upcaster(item)
+        version += 1
+    return item
+
+
+def _header_version(item: tuple[Any, ...]) -> int:
+    body = item[3] if len(item) > 3 else None
+    if not isinstance(body, dict) or not isinstance(body.get("schema"), int):
+        raise LogCorrupt("header without a schema version")
+    version: int = body["schema"]
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(version, SCHEMA_VERSION)
+    return version
+
+
+_unpackb_options: Final = {"raw": False, "use_list": False, "strict_map_key": False}
+
+
+def decode_record(
+    payload: bytes, *, schema: int = SCHEMA_VERSION, created_s: float = 0.0
+) -> LogRecord:
+    """Decode one payload written under ``schema`` in a file whose header says
+    ``created_s``. A header decodes under its own version. Raises
+    :class:`UnknownTag`, :class:`SchemaTooNew` or :class:`LogCorrupt`."""
+    try:
+        item = msgpack.unpackb(payload, **_unpackb_options)
+    except Exception as error:  # msgpack raises several unrelated types
+        raise LogCorrupt(f"undecodable msgpack: {error}") from None
+    if not isinstance(item, tuple) or len(item) < 3:
+        raise LogCorrupt(f"expected an envelope array, got {type(item).__name__}")
+    if item[0] == HEADER:
+        schema = _header_version(item)
+    elif schema > SCHEMA_VERSION:
+        raise SchemaTooNew(schema, SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        item = _upcast(item, schema)
+    return _build(item, created_s)
+
+
+def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
+    kind, seq, wall = item[0], item[1], item[2]
+    if not isinstance(seq, int) or not isinstance(wall, int | float):
+        raise LogCorrupt(f"bad envelope {item[:3]!r}")
+    try:
+        if kind == INPUTS:
+            rest = item[3:]
+            if len(rest) % 2:
+                raise LogCorrupt("INPUTS record with an odd number of items")
+            events = tuple(map(_event, rest[0::2]))
+            return Inputs(seq=seq, wall_time_s=created_s + wall / 1000.0, events=events,
+                          checks=rest[1::2])
+        if kind == DIGEST:
+            (digest,) = item[3:]
+            return Digest(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest)
+        if kind == GAP:
+            (lost,) = item[3:]
+            return Gap(seq=seq, wall_time_s=created_s + wall / 1000.0, lost_count=lost)
+        if kind == END:
+            total, digest = item[3:]
+            return End(seq=seq, wall_time_s=created_s + wall / 1000.0, events_total=total,
+                       digest=digest)
+        if kind == REJECTED:
+            event, reason = item[3:]
+            return Rejected(seq=seq, wall_time_s=created_s + wall / 1000.0,
+                            event=_event(event), reason=reason)
+        if kind == HEADER:
+            return _header(seq, wall, item[3])
+    except (ValueError, KeyError, TypeError) as error:
+        raise LogCorrupt(f"record kind {kind}: {error!r}") from None
+    raise UnknownTag(kind)
+
+
+def _header(seq: int, wall: float, body: dict[str, Any]) -> Header:
+    return Header(
+        seq=seq, wall_time_s=float(wall), schema=body["schema"],
+        config=dict(body["config"]), policy=body["policy"],
+        world_size=body["world_size"], versions=dict(body["versions"]),
+        created_s=float(body["created_s"]), file_index=body.get("file_index", 0),
+        digest_every=body.get("digest_every", 0),
+        full_outcomes=bool(body.get("full_outcomes", False)),
+    )
+
+
+class LogDecoder:
+    """Decodes the payloads of one file in order: the header sets the schema
+    version and time base for the records after it."""
+
+    __slots__ = ("schema", "created_s", "header")
+
+    def __init__(self) -> None:
+        self.schema = SCHEMA_VERSION
+        self.created_s = 0.0
+        self.header: Header | None = None
+
+    def decode(self, payload: bytes) -> LogRecord:
+        record = decode_record(payload, schema=self.schema, created_s=self.created_s)
+        if type(record) is Header:
+            self.header = record
+            self.schema = record.schema
+            self.created_s = record.created_s
+        return record
+

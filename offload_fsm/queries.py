@@ -1,0 +1,32 @@
+"""Read-only questions the shell asks between steps."""
+
+from __future__ import annotations
+
+from offload_fsm.policies import hooks_for
+from offload_fsm.state import BatchStatus, State
+
+
+def window_depth(
+    state: State, *, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int
+) -> int:
+    """How many free-queue blocks the shell must read into the next
+    ``StepScheduled`` (it caps them by the queue length): the danger depth
+    after this step's EMA update under EVICTION_AWARE; 0 for FIFO, for empty
+    steps, and when no buffered op covers any block (the shell then skips
+    the walk)."""
+    return hooks_for(state.config.policy).window_depth(
+        state, scheduled_tokens, allocated_blocks, next_step_blocks
+    )
+
+
+def watches(state: State, block_id: int) -> bool:
+    """Whether a buffered op covers ``block_id`` (report it when reallocated)."""
+    return block_id in state.owners
+
+
+def has_in_flight(state: State) -> bool:
+    """Whether vLLM must keep stepping: a submitted store awaits receipts, or
+    shielded ops hold pins that the next empty step will lift."""
+    return bool(state.shielded) or any(
+        b.status is BatchStatus.IN_FLIGHT for b in state.batches.values()
+    )

@@ -1,0 +1,31 @@
+"""The environment vLLM and LMCache run under in tests, the demo and the benchmarks:
+offline hub, a 1 GiB CPU KV cache, no usage tracking, no banner.
+
+Primitives:
+  E2E_ENV            the variables and their values
+  apply_e2e_env()    set each one in ``os.environ`` unless it is already set
+
+Contract: :func:`apply_e2e_env` must run before vLLM or LMCache is imported or spawns a
+subprocess, since both read these variables at import time. A value already in the
+environment wins, so a caller can override any of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+E2E_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "DO_NOT_TRACK": "1",
+    "LMCACHE_TRACK_USAGE": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+    "LMCACHE_DISABLE_BANNER": "1",
+}
+
+
+def apply_e2e_env() -> None:
+    """``os.environ.setdefault`` for every entry of :data:`E2E_ENV`."""
+    for key, value in E2E_ENV.items():
+        os.environ.setdefault(key, value)
