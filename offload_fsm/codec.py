@@ -19,6 +19,7 @@ import attrs
 import msgpack
 
 from offload_fsm.commands import COMMAND_TYPES, Command
+from offload_fsm.counters import FIRST_LATER_COUNTER
 from offload_fsm.decisions import DECISION_TYPES, Decision
 from offload_fsm.errors import LogCorrupt, UnknownTag
 from offload_fsm.events import EVENT_TYPES, Event
@@ -142,7 +143,7 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         state.next_op_id,
         state.next_batch_id,
         state.next_order,
-        tuple(state.counters.values()),
+        _counters(state),
         requests,
         tuple(state.pending),
         tuple(state.ready),
@@ -154,6 +155,18 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         tuple(sorted(state.claimed_keys.items())),
         state.poisoned,
     )
+
+
+def _counters(state: State) -> tuple[Any, ...]:
+    """The base counters by position; later ones by name, once non-zero."""
+    values = tuple(state.counters.values())
+    base = values[:FIRST_LATER_COUNTER]
+    later = tuple(
+        (name.value, value)
+        for name, value in list(state.counters.items())[FIRST_LATER_COUNTER:]
+        if value
+    )
+    return base + later if later else base
 
 
 def state_digest(state: State) -> str:
