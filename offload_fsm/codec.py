@@ -154,6 +154,18 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         state.stored_keys_xor,
         tuple(sorted(state.claimed_keys.items())),
         state.poisoned,
+        *_lease(state),
+    )
+
+
+def _lease(state: State) -> tuple[Any, ...]:
+    """Lease state, only where a lease is on (logs recorded before leases
+    existed replay with it off and keep their digests)."""
+    if state.config.receipt_lease_s <= 0:
+        return ()
+    return (
+        tuple(b.selected_time_s for b in state.batches.values()),
+        tuple((r.req_id, r.stray_receipts) for r in state.requests.values() if r.stray_receipts),
     )
 
 

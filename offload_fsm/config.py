@@ -15,6 +15,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_max_deferral_seconds`` ``0``           finite number >= 0 (EA)
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
 ``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5600``
+``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 =============================================  ================  ===========================
 
 Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
@@ -71,6 +72,12 @@ class OffloadConfig:
     max_deferral_seconds: float = 0.0
     log_dir: str | None = None
     log_pub_endpoint: str = ""
+    # A submitted batch whose receipts have not all arrived this long after its
+    # selection (logical time, from events) is abandoned. 300 s is LMCache's own
+    # longest wait on its server (``mq_timeout``) and 10x its dead-server
+    # detection (three missed 10 s heartbeats), after which LMCache itself
+    # reports every pending store; so only a lost receipt ever reaches it.
+    receipt_lease_s: float = 300.0
 
     def describe(self) -> str:
         """The knobs that matter for the configured policy, for the start-up log line."""
@@ -93,6 +100,7 @@ class OffloadConfig:
             f"{PREFIX}_max_deferral_seconds": self.max_deferral_seconds,
             f"{PREFIX}_log_dir": self.log_dir if self.log_dir is not None else "",
             f"{PREFIX}_log_pub_endpoint": self.log_pub_endpoint,
+            f"{PREFIX}_receipt_lease_s": self.receipt_lease_s,
         }
 
 
@@ -181,6 +189,13 @@ def _endpoint(key: str, value: object) -> str:
 
 
 _PARSERS[f"{PREFIX}_log_pub_endpoint"] = ("log_pub_endpoint", _endpoint)
+_PARSERS[f"{PREFIX}_receipt_lease_s"] = (
+    "receipt_lease_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
+)
+
+# Keys a log header may lack because it was recorded before they existed: the
+# value that reproduces the recorder's behaviour then.
+_BEFORE_THEY_EXISTED: dict[str, object] = {f"{PREFIX}_receipt_lease_s": 0.0}
 
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
 
@@ -202,3 +217,9 @@ def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
         name, parse = _PARSERS[key]
         fields[name] = parse(key, value)
     return OffloadConfig(**fields)  # type: ignore[arg-type]
+
+
+def parse_recorded_config(wire: Mapping[str, object]) -> OffloadConfig:
+    """The config of a log header (``OffloadConfig.to_wire``); keys added
+    after the log was recorded take the values it was recorded under."""
+    return parse_config({**_BEFORE_THEY_EXISTED, **wire})

@@ -65,6 +65,7 @@ class Counter(enum.StrEnum):
     # state digest takes the ones above by position and these by name once
     # non-zero, so the digests of logs recorded before a counter existed
     # stay valid (``codec.canonical_state``).
+    ABANDONED_BATCHES = "abandoned_batches"  # receipt lease expired
 
 
 FIRST_LATER_COUNTER: Final = 44  # the members through BLOCKS_CHECKED: the digest's base

@@ -56,6 +56,7 @@ class HoldReason(enum.Enum):
 class IgnoreReason(enum.Enum):
     UNKNOWN_REQUEST = "unknown_request"  # no in-flight batch for that id
     EXCESS_COUNT = "excess_count"  # more receipts than workers
+    LEASE_EXPIRED = "lease_expired"  # a late report of a batch abandoned at its lease
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +177,21 @@ class ShieldLifted:
     blocks: int
 
 
+@attrs.frozen(kw_only=True)
+class StoreAbandoned:
+    """A submitted batch's receipts did not all arrive within the receipt lease:
+    its pins are released, its ops are booked abandoned, and its request's
+    chain is broken (LMCache may or may not hold the chunks)."""
+
+    TAG: ClassVar[int] = 110
+    req_id: str
+    batch_id: int
+    ops: int
+    tokens: int
+    receipts: int  # of the world size that did arrive
+    waited_s: float
+
+
 Decision = (
     OpRejected
     | OpsSelected
@@ -187,6 +203,7 @@ Decision = (
     | OpsShielded
     | BatchOrphaned
     | ShieldLifted
+    | StoreAbandoned
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -200,4 +217,5 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     OpsShielded,
     BatchOrphaned,
     ShieldLifted,
+    StoreAbandoned,
 )

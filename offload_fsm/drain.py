@@ -11,6 +11,14 @@ stored. Receipts (:func:`on_receipts`) count up to the world size, then
 :func:`settle` books the batch stored or failed and releases its pins. A
 failure breaks the request's chain: its held-back ops are dropped, because
 LMCache retrieves from token 0 and could never reach them.
+
+The receipt lease (``receipt_lease_s``, logical time from ``StepScheduled``):
+a batch still short of receipts that long after its selection is abandoned
+(:func:`expire_leases`): booked ABANDONED, its pins released, its chain
+broken, and the receipts still due from it swallowed when they come late
+(``ReceiptIgnored`` ``LEASE_EXPIRED``), so a late report never settles a
+later batch of the same request. Batches sit in ``State.batches`` in
+selection order, so the check stops at the first young batch: O(expired).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from offload_fsm.decisions import (
     OpsSelected,
     ReceiptIgnored,
     SelectReason,
+    StoreAbandoned,
     StoreSettled,
     StoreSubmitted,
 )
@@ -45,6 +54,8 @@ from offload_fsm.state import Batch, BatchStatus, Op, OpStatus, RequestState, St
 
 def on_step(state: State, event: StepScheduled, scope: Scope) -> None:
     _check_step(state, event, scope)
+    if state.config.receipt_lease_s > 0 and state.batches:
+        expire_leases(state, event.time_s, scope)
     counters = state.counters
     state.selected_in_step = 0
     if event.scheduled_tokens == 0:
@@ -115,7 +126,7 @@ def select(
         return
     move(ops, OpStatus.VERIFYING)
     batch = Batch(batch_id=state.next_batch_id, req=rec, ops=ops,
-                  selected_step=state.step_index)
+                  selected_step=state.step_index, selected_time_s=state.time_s)
     state.next_batch_id += 1
     state.batches[batch.batch_id] = batch
     rec.batch = batch
@@ -214,6 +225,10 @@ def on_receipts(state: State, event: ReceiptsArrived, scope: Scope) -> None:
     # Failures first: dropping a finished request's held-back ops lets the
     # completion in the same event end its session.
     for req_id in event.failed:
+        rec = state.requests.get(req_id)
+        if rec is not None and rec.stray_receipts:
+            _ignore(state, req_id, 0, True, IgnoreReason.LEASE_EXPIRED, scope)
+            continue
         batch = _in_flight(state, req_id)
         if batch is None:
             _ignore(state, req_id, 0, True, IgnoreReason.UNKNOWN_REQUEST, scope)
@@ -223,6 +238,9 @@ def on_receipts(state: State, event: ReceiptsArrived, scope: Scope) -> None:
             batch.req.broken = True
         batch.failed = True
     for req_id, count in event.completed:
+        count = _swallow_stray(state, req_id, count, scope)
+        if not count:
+            continue
         batch = _in_flight(state, req_id)
         if batch is None:
             _ignore(state, req_id, count, False, IgnoreReason.UNKNOWN_REQUEST, scope)
@@ -260,6 +278,53 @@ def settle(state: State, batch: Batch, scope: Scope) -> None:
     rec.batch = None
     refresh_ready(state, rec)
     maybe_end(state, rec, scope)
+
+
+def expire_leases(state: State, now_s: float, scope: Scope) -> None:
+    lease_s = state.config.receipt_lease_s
+    expired = []
+    for batch in state.batches.values():
+        if now_s - batch.selected_time_s < lease_s:
+            break
+        expired.append(batch)
+    for batch in expired:
+        _abandon(state, batch, now_s, scope)
+
+
+def _abandon(state: State, batch: Batch, now_s: float, scope: Scope) -> None:
+    rec = batch.req
+    ops = batch.ops
+    tokens = sum(op.tokens for op in ops)
+    scope.hooks.released(state, ops, False)
+    move(ops, OpStatus.ABANDONED)
+    counters = state.counters
+    counters[Counter.ABANDONED_OPS] += len(ops)
+    counters[Counter.ABANDONED_TOKENS] += tokens
+    counters[Counter.ABANDONED_BATCHES] += 1
+    release(state, batch.batch_id, ops, scope)
+    scope.decisions.append(
+        StoreAbandoned(req_id=rec.req_id, batch_id=batch.batch_id, ops=len(ops), tokens=tokens,
+                       receipts=batch.receipts, waited_s=now_s - batch.selected_time_s)
+    )
+    del state.batches[batch.batch_id]
+    rec.batch = None
+    rec.stray_receipts += state.world_size - batch.receipts
+    if not batch.orphaned:
+        rec.broken = True
+        drop_pending(state, rec, DropCause.STORE_FAILED, scope)
+    refresh_ready(state, rec)
+    maybe_end(state, rec, scope)
+
+
+def _swallow_stray(state: State, req_id: str, count: int, scope: Scope) -> int:
+    """Take late receipts of an abandoned batch out of ``count``."""
+    rec = state.requests.get(req_id)
+    if rec is None or not rec.stray_receipts:
+        return count
+    swallowed = min(count, rec.stray_receipts)
+    rec.stray_receipts -= swallowed
+    _ignore(state, req_id, swallowed, False, IgnoreReason.LEASE_EXPIRED, scope)
+    return count - swallowed
 
 
 def _in_flight(state: State, req_id: str) -> Batch | None:

@@ -89,6 +89,7 @@ class Batch:
     failed: bool = False
     orphaned: bool = False
     selected_step: int = 0  # token step it was selected in (pin lifetime)
+    selected_time_s: float = 0.0  # when it was selected (the receipt lease)
 
 
 @attrs.define(slots=True, eq=False)
@@ -102,6 +103,7 @@ class RequestState:
     broken: bool = False
     next_start_token: int | None = None  # end of the last offered range
     order: int = 0  # admission order of the current pending run (tie-break)
+    stray_receipts: int = 0  # receipts still due for a batch abandoned at its lease
 
 
 def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from offload_fsm.codec import state_digest
-from offload_fsm.config import OffloadConfig, parse_config
+from offload_fsm.config import OffloadConfig, parse_recorded_config
 from offload_fsm.errors import StepFailed
 from offload_fsm.events import Event
 from offload_fsm.logformat import (
@@ -114,7 +114,7 @@ class ReplayResult:
 
 
 def config_of(header: Header) -> OffloadConfig:
-    return parse_config(header.config)
+    return parse_recorded_config(header.config)
 
 
 def replay(

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 
 from offload_fsm.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
-from offload_fsm.config import PREFIX, OffloadConfig, parse_config
+from offload_fsm.config import PREFIX, OffloadConfig, parse_recorded_config
 from offload_fsm.errors import InvalidEvent, MachinePoisoned
 from offload_fsm.events import (
     CandidateOffered,
@@ -101,7 +101,7 @@ def override(header: Header, policy: str | None, settings: list[str]) -> Offload
         key = key.strip()
         full = key if key.startswith(PREFIX) else f"{PREFIX}_{key}"
         wire[full] = value.strip()
-    return parse_config(wire)
+    return parse_recorded_config(wire)
 
 
 class _SyntheticWorld:
