@@ -60,6 +60,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     107: ("OpsShielded", ("req_id", "ops", "blocks", "free_blocks", "reach_blocks")),
     108: ("BatchOrphaned", ("req_id", "batch_id")),
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
+    110: ("StoreAbandoned", ("req_id", "batch_id", "ops", "tokens", "receipts", "waited_s")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),
     201: ("ReadHashes", ("batch_id", "block_ids")),
     202: ("SubmitStore", ("batch_id", "req_id", "start_token", "end_token", "block_ids")),
@@ -74,7 +75,7 @@ ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
     DropCause: ("evicted", "preempted", "id_reuse", "store_failed", "stale", "cache_reset",
                 "shutdown", "duplicate"),
     HoldReason: ("drain_cap", "pin_budget", "in_flight"),
-    IgnoreReason: ("unknown_request", "excess_count"),
+    IgnoreReason: ("unknown_request", "excess_count", "lease_expired"),
 }
 
 
@@ -166,7 +167,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 11, 99, 110, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 11, 99, 111, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:
