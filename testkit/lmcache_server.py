@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ports_free(host: str, ports: tuple[int, ...]) -> bool:
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 def _lmcache_executable() -> str:
@@ -84,6 +96,7 @@ class LMCacheServer:
         self.startup_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
+        self.paused = False
 
     # ------------------------------------------------------------------ lifecycle
     def command(self) -> list[str]:
@@ -102,19 +115,25 @@ class LMCacheServer:
             *self.extra_args,
         ]  # fmt: skip
 
-    def start(self) -> LMCacheServer:
+    def start(self, *, same_ports: bool = False) -> LMCacheServer:
+        """Spawn the server and wait until ``/healthcheck`` answers.
+
+        ``same_ports``: reuse the ports of the previous run (a restart after
+        :meth:`kill`, so a connected vLLM finds the server where it was).
+        """
         if self._proc is not None:
             raise RuntimeError("server already started")
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="lmcache-server-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / "lmcache-server.log"
-        self.port = free_port(self.host)
-        self.http_port = free_port(self.host)
-        self.prometheus_port = free_port(self.host)
-        while len({self.port, self.http_port, self.prometheus_port}) < 3:
+        if not (same_ports and self.port):
+            self.port = free_port(self.host)
             self.http_port = free_port(self.host)
             self.prometheus_port = free_port(self.host)
+            while len({self.port, self.http_port, self.prometheus_port}) < 3:
+                self.http_port = free_port(self.host)
+                self.prometheus_port = free_port(self.host)
         env = {**os.environ, **QUIET_ENV}
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         t0 = time.monotonic()
@@ -159,6 +178,9 @@ class LMCacheServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
+            if self.paused:
+                proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on TERM
+                self.paused = False
             proc.terminate()
             try:
                 proc.wait(timeout_s)
@@ -168,6 +190,56 @@ class LMCacheServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    # ------------------------------------------------------------------ faults
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        return self._proc.pid
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the server (no cleanup, no goodbye to its clients) and reap it.
+
+        The ports are kept, so :meth:`restart` brings it back where clients expect it.
+        """
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise RuntimeError("server not started")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout_s)
+        self.paused = False
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def pause(self) -> None:
+        """SIGSTOP the server: its sockets stay open but nothing answers (a hang)."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        self._proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a :meth:`pause`d server."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        self._proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def restart(self) -> LMCacheServer:
+        """Start again on the same ports (after :meth:`kill` or :meth:`stop`).
+
+        Waits up to ``startup_timeout_s`` for a killed server's ports to be free.
+        """
+        if self._proc is not None:
+            self.stop()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not _ports_free(self.host, (self.port, self.http_port, self.prometheus_port)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ports {self.port}/{self.http_port} still in use")
+            time.sleep(0.2)
+        return self.start(same_ports=True)
 
     def __enter__(self) -> LMCacheServer:
         return self.start()
