@@ -17,15 +17,18 @@ core command                what the shell does
 ``EndSession``              returned in ``sessions_to_end``
 ==========================  ===============================================
 
-No business rule lives here: the shell keeps only what the core cannot (the
-LMCache metadata needed to build a store: the request's token list, salt,
-configs, and each op's per-group block ids) and logs the decisions.
+No business rule lives here: building stores is ``connector.stores``, the
+log lines ``connector.narrator``, the rules the core's.
 
-Everything runs on the vLLM scheduler thread. If the core rejects an event
-(a shell bug or a vLLM behaviour we did not model), the shell logs one error
-with the sequence number, releases every block the core had protected, and
-stops offloading for the rest of the run: it never stores stale KV and never
-leaks pins, and vLLM keeps serving.
+Never take vLLM down. Everything runs on the vLLM scheduler thread, and no
+exception leaves these methods. On any failure, of the core (a rejected
+event, a core bug) or of the shell itself, the shell logs one error with the
+event's sequence number and the reason, records the applied events and the
+rejection in the event log, and switches to drain-only mode
+(``offload_fsm.drain_only``): pins of ops LMCache never saw are released at
+once, pins of stores it was handed are kept until their receipts arrive (or
+their lease ends), sessions keep ending, nothing new is submitted, and vLLM
+keeps serving.
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ from typing import Any
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
-from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
 from connector import blocks
 from connector.logs import get_logger
+from connector.narrator import Narrator, counters_line
+from connector.stores import StoreBuilder
 from offload_fsm import OffloadConfig, Policy, drive, new_state
 from offload_fsm.commands import (
     Command,
@@ -51,16 +55,9 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.counters import Counter
+from offload_fsm.decisions import OpRejected, OpsDropped, StoreAbandoned, StoreSettled
+from offload_fsm.drain_only import DrainOnly
 from offload_fsm.errors import CommandFailed, StepFailed
-from offload_fsm.decisions import (
-    DropCause,
-    OpRejected,
-    OpsDropped,
-    ReceiptIgnored,
-    RejectReason,
-    StoreSettled,
-)
 from offload_fsm.events import (
     CandidateOffered,
     Event,
@@ -74,11 +71,8 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import Outcome, has_in_flight, window_depth
-
-COUNTERS_LOG_INTERVAL_S = 5.0
-MAX_IDS_IN_LOG_LINE = 8
+from offload_fsm.pins import decref
 
 
 class EventSourcedManager:
@@ -98,7 +92,6 @@ class EventSourcedManager:
         self.config = config
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
-        self._all_group_tokens_per_block = list(group_tokens_per_block)
         # Chunk-level dedup needs one block stride; with several KV groups the
         # flat block list has none, so ops are then deduplicated whole.
         single = len(group_tokens_per_block) == 1 and chunk_tokens > 0
@@ -108,17 +101,23 @@ class EventSourcedManager:
         self._recorder = recorder
         self._clock = clock
         self._pool: Any = None
-        self._stopped = False
         self._seq = 0
-        # What the core cannot hold: how to build each request's store.
-        self._latest: dict[str, LMCacheMPRequestMetadata] = {}
-        self._op_blocks: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
+        self._closed = False
+        self._stores = StoreBuilder(group_tokens_per_block)
+        # Stores handed to LMCache and not yet settled: req id -> (batch id, block ids).
+        self._submitted: dict[str, tuple[int, tuple[int, ...]]] = {}
+        # Protections really applied to the pool (block id -> count): what
+        # drain-only mode may release, whatever the core believed.
+        self._held: dict[int, int] = {}
+        self._drain: DrainOnly | None = None
         self._actions = LazyOffloadActions()
-        self._evicted_ops = 0
-        self._evicted_ids: list[str] = []
-        self._last_counters: tuple[int, ...] = ()
-        self._last_counters_log_s = 0.0
         self._log = get_logger()
+        self._narrator = Narrator(self._log, clock)
+
+    @property
+    def draining(self) -> bool:
+        """Whether the shell stopped offloading and only drains (see above)."""
+        return self._drain is not None
 
     # -- the LMCache manager interface -----------------------------------
 
@@ -138,29 +137,87 @@ class EventSourcedManager:
     def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
         if self._pool is None:
             raise ValueError("lazy offload GPU block pool is not bound")
-        op = metadata.op
-        req_id = metadata.request_id
-        self._latest[req_id] = metadata
-        self._op_blocks.setdefault(req_id, {})[op.start] = (op.end, op.block_ids)
-        block_ids = tuple(op.flat_block_ids)
-        self._feed(
-            CandidateOffered(
-                req_id=req_id,
-                start_token=op.start,
-                end_token=op.end,
-                block_ids=block_ids,
-                block_hashes=blocks.hashes_of(self._pool, block_ids),
-                time_s=self._clock(),
-                blocks_per_chunk=self._blocks_per_chunk,
-            )
-        )
+        if self._drain is None:
+            self._guarded(self._offer, metadata)
 
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
+        if self._drain is not None:
+            self._execute_all(self._drain.step(self._clock()))
+        elif self._pool is not None:
+            self._guarded(self._step, scheduler_output)
+        return self._take_actions()
+
+    def on_store_results(
+        self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
+    ) -> LazyOffloadActions:
+        if self._drain is not None:
+            self._execute_all(self._drain.receipts(completed_store_counts, failed_request_ids))
+        else:
+            self._guarded(self._feed, ReceiptsArrived(
+                completed=tuple(sorted(completed_store_counts.items())),
+                failed=tuple(sorted(failed_request_ids)),
+            ))
+        return self._take_actions()
+
+    def on_request_finished(self, request_id: str) -> LazyOffloadActions:
+        if self._drain is not None:
+            self._execute_all(self._drain.finished(request_id))
+        else:
+            self._guarded(self._finish, request_id)
+        return self._take_actions()
+
+    def on_request_reset(self, request_id: str) -> None:
+        if self._drain is None:
+            self._guarded(self._feed, RequestPreempted(req_id=request_id))
+
+    def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
+        if self._drain is not None:
+            self._drain.arrived(request_id)
+        else:
+            self._guarded(self._arrive, request_id)
+        return self._take_actions()
+
+    def has_inflight_store_work(self) -> bool:
+        if self._drain is not None:
+            return self._drain.busy
+        return has_in_flight(self.state)
+
+    def log_final_stats(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._drain is None:
+            self._guarded(self._feed, ShutdownRequested())
+            self._submitted.clear()  # shutdown abandoned every batch it held
+        if self._drain is not None:
+            self._execute_all(self._drain.shutdown())
+            self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
+        self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
+        if self._recorder is not None:
+            # A poisoned state's digest means nothing to replay.
+            self._recorder.close(self.state if self._drain is None else None)
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM reset its prefix cache (every block hash is gone)."""
+        if self._drain is None:
+            self._guarded(self._feed, PrefixCacheReset())
+
+    # -- observations -----------------------------------------------------
+
+    def _offer(self, metadata: LMCacheMPRequestMetadata) -> None:
+        self._stores.offered(metadata)
+        op: Any = metadata.op
+        block_ids = tuple(op.flat_block_ids)
+        self._feed(CandidateOffered(
+            req_id=metadata.request_id, start_token=op.start, end_token=op.end,
+            block_ids=block_ids, block_hashes=blocks.hashes_of(self._pool, block_ids),
+            time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
+        ))
+
+    def _step(self, scheduler_output: Any) -> None:
         tokens = int(scheduler_output.total_num_scheduled_tokens)
         allocated = _allocated_block_ids(scheduler_output)
         next_step_blocks = self._blocks_for(tokens)
-        if self._stopped or self._pool is None:
-            return LazyOffloadActions()
         pool = self._pool
         free = blocks.free_count(pool)
         depth = window_depth(self.state, scheduled_tokens=tokens,
@@ -170,67 +227,31 @@ class EventSourcedManager:
             owners = self.state.owners  # read-only: the core's watch set
             watched = [b for b in allocated if b in owners]
             reallocated = tuple(zip(watched, blocks.hashes_of(pool, watched), strict=True))
-        self._feed(
-            StepScheduled(
-                scheduled_tokens=tokens,
-                allocated_blocks=len(allocated),
-                next_step_blocks=next_step_blocks,
-                reserve_blocks=self._reserve_blocks(scheduler_output),
-                free_blocks=free,
-                window_block_ids=blocks.free_queue_head(pool, min(depth, free)),
-                reallocated=reallocated,
-                time_s=self._clock(),
-            )
-        )
-        self._flush_evicted_log()
-        self._maybe_log_counters()
-        return self._take_actions()
+        self._feed(StepScheduled(
+            scheduled_tokens=tokens,
+            allocated_blocks=len(allocated),
+            next_step_blocks=next_step_blocks,
+            reserve_blocks=self._reserve_blocks(scheduler_output),
+            free_blocks=free,
+            window_block_ids=blocks.free_queue_head(pool, min(depth, free)),
+            reallocated=reallocated,
+            time_s=self._clock(),
+        ))
+        self._narrator.end_of_step(self.state)
 
-    def on_store_results(
-        self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
-    ) -> LazyOffloadActions:
-        self._feed(
-            ReceiptsArrived(
-                completed=tuple(sorted(completed_store_counts.items())),
-                failed=tuple(sorted(failed_request_ids)),
-            )
-        )
-        return self._take_actions()
-
-    def on_request_finished(self, request_id: str) -> LazyOffloadActions:
+    def _finish(self, request_id: str) -> None:
         free = blocks.free_count(self._pool) if self._pool is not None else 0
         self._feed(RequestFinished(req_id=request_id, free_blocks=free,
                                    next_step_max_blocks=self._step_budget_blocks))
-        return self._take_actions()
 
-    def on_request_reset(self, request_id: str) -> None:
-        self._feed(RequestPreempted(req_id=request_id))
-
-    def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
+    def _arrive(self, request_id: str) -> None:
         reused = request_id in self.state.requests
+        ended_before = len(self._actions.sessions_to_end)
         self._feed(RequestArrived(req_id=request_id))
-        actions = self._take_actions()
-        if reused and request_id in actions.sessions_to_end:
-            self._log.info(
-                f"Lazy offload: request id {request_id} reused while its predecessor's "
-                "teardown was deferred; released the predecessor's session"
-            )
-        return actions
-
-    def has_inflight_store_work(self) -> bool:
-        return not self._stopped and has_in_flight(self.state)
-
-    def log_final_stats(self) -> None:
-        if not self._stopped:
-            self._feed(ShutdownRequested())
-            self._stopped = True
-        self._log.info(f"Lazy offload final counters: {self.counters_line()}")
-        if self._recorder is not None:
-            self._recorder.close(self.state)
-
-    def reset_prefix_cache(self) -> None:
-        """vLLM reset its prefix cache (every block hash is gone)."""
-        self._feed(PrefixCacheReset())
+        if reused and request_id in self._actions.sessions_to_end[ended_before:]:
+            self._log.info("lazy offload: request id reused while its predecessor's teardown "
+                           "was deferred; released the predecessor's session",
+                           req_id=request_id)
 
     def _reserve_blocks(self, scheduler_output: Any) -> int:
         """Blocks this step's running requests are expected to need next step:
@@ -253,45 +274,29 @@ class EventSourcedManager:
     def _blocks_for(self, tokens: int) -> int:
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
-    # -- ledger -----------------------------------------------------------
-
     def counters_line(self) -> str:
-        counters = self.state.counters
-        body = " ".join(f"{name}={value}" for name, value in counters.items() if value)
-        terms = ledger_terms(self.state)
-        closes = counters[Counter.ADMITTED_OPS] == sum(terms.values())
-        return f"{body} pending={terms['pending']} ledger_closes={closes}"
+        return counters_line(self.state)
 
     # -- the command loop -------------------------------------------------
 
     def _feed(self, event: Event) -> None:
-        if self._stopped:
-            return
-        try:
-            applied = drive(self.state, event, self._execute)
-        except StepFailed as error:
-            self._applied(list(error.applied))
-            if self._recorder is not None:
-                self._recorder.record_rejected(error.applied, error.event, error.reason, self.state)
-            self._stop(error)
-            return
-        except CommandFailed as error:
-            self._applied(list(error.applied))
-            self._stop(error)
-            return
-        self._applied(applied)
+        self._applied(drive(self.state, event, self._execute))
 
-    def _applied(self, applied: list[tuple[Event, Outcome]]) -> None:
+    def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...]) -> None:
         for _, outcome in applied:
             self._note(outcome)
+            self._narrator.note(outcome)
         self._seq += len(applied)
         if self._recorder is not None and applied:
-            self._recorder.record(applied, self.state)
+            self._recorder.record(list(applied), self.state)
 
     def _execute(self, command: Command) -> Event | None:
         pool = self._pool
         if isinstance(command, ProtectBlocks):
             blocks.touch(pool, command.block_ids)
+            held = self._held
+            for block_id in command.block_ids:
+                held[block_id] = held.get(block_id, 0) + 1
         elif isinstance(command, ReadHashes):
             return HashesRead(batch_id=command.batch_id,
                               block_hashes=blocks.hashes_of(pool, command.block_ids))
@@ -299,134 +304,100 @@ class EventSourcedManager:
             depth = min(command.depth_blocks, blocks.free_count(pool))
             return FreeQueueRead(window_block_ids=blocks.free_queue_head(pool, depth))
         elif isinstance(command, SubmitStore):
-            self._actions.stores_to_submit.append(self._store_metadata(command))
+            store = self._stores.build(command)
+            self._actions.stores_to_submit.append(store)
+            self._submitted[command.req_id] = (command.batch_id, command.block_ids)
         elif isinstance(command, ReleaseBlocks):
             blocks.release(pool, command.block_ids)
+            self._unhold(command.block_ids)
         elif isinstance(command, EndSession):
             self._actions.sessions_to_end.append(command.req_id)
-            self._latest.pop(command.req_id, None)
-            self._op_blocks.pop(command.req_id, None)
+            self._stores.forget(command.req_id)
         return None
 
-    def _store_metadata(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
-        latest = self._latest[command.req_id]
-        ops = self._op_blocks[command.req_id]
-        # The core may have trimmed already-stored chunks off the first op.
-        start = max(s for s in ops if s <= command.start_token)
-        end, first_groups = ops.pop(start)
-        cut = command.start_token - start
-        merged = [
-            list(group[cut // tpb:]) if tpb > 0 else list(group)
-            for group, tpb in zip(first_groups, self._all_group_tokens_per_block, strict=True)
-        ]
-        while end < command.end_token:
-            end, group_block_ids = ops.pop(end)
-            for into, group in zip(merged, group_block_ids, strict=True):
-                into.extend(group)
-        return LMCacheMPRequestMetadata(
-            request_id=command.req_id,
-            direction="STORE",
-            op=LoadStoreOp(
-                token_ids=latest.op.token_ids,
-                block_ids=merged,
-                start=command.start_token,
-                end=command.end_token,
-            ),
-            cache_salt=latest.cache_salt,
-            request_configs=latest.request_configs,
-        )
+    def _unhold(self, block_ids: tuple[int, ...]) -> None:
+        held = self._held
+        for block_id in block_ids:
+            if block_id in held:
+                decref(held, block_id)
+
+    def _note(self, outcome: Outcome) -> None:
+        """Keep the shell's own records in step with the core's decisions."""
+        for decision in outcome.decisions:
+            if isinstance(decision, OpsDropped | OpRejected):
+                if not isinstance(decision, OpsDropped) or decision.ops:
+                    self._stores.forget_range(decision.req_id, decision.start_token,
+                                              decision.end_token)
+            elif isinstance(decision, StoreSettled | StoreAbandoned):
+                held = self._submitted.get(decision.req_id)
+                if held is not None and held[0] == decision.batch_id:
+                    del self._submitted[decision.req_id]
 
     def _take_actions(self) -> LazyOffloadActions:
         actions, self._actions = self._actions, LazyOffloadActions()
         return actions
 
-    def _stop(self, error: StepFailed | CommandFailed) -> None:
-        self._stopped = True
-        held = [b for b, n in self.state.pins.items() for _ in range(n)]
-        if held and self._pool is not None:
-            blocks.release(self._pool, held)
+    # -- failure: drain-only mode -----------------------------------------
+
+    def _guarded(self, method: Callable[[Any], None], argument: Any) -> None:
+        try:
+            method(argument)
+        except Exception as error:  # never let a failure reach vLLM's engine loop
+            try:
+                self._fail(error)
+            except Exception as secondary:  # the last resort: stop, say so, go on
+                if self._drain is None:
+                    self._drain = DrainOnly(world_size=self.state.world_size,
+                                            lease_s=self.config.receipt_lease_s)
+                self._log.error("lazy offload stopped; taking over the failure failed",
+                                reason=repr(error), secondary=repr(secondary))
+
+    def _fail(self, error: Exception) -> None:
+        event: Any = error.event if isinstance(error, StepFailed) else None
+        reason = getattr(error, "reason", None) or f"{type(error).__name__}: {error}"
+        try:
+            if isinstance(error, StepFailed | CommandFailed):
+                self._applied(error.applied)  # these did apply: log and record them
+            if isinstance(error, StepFailed) and self._recorder is not None:
+                self._recorder.record_rejected(error.applied, event, error.reason, self.state)
+        except Exception as secondary:
+            self._log.error("lazy offload: could not record the failure",
+                            reason=repr(secondary))
+        self._drain, commands = DrainOnly.take_over(self.state, self._submitted, self._held,
+                                                    self._clock())
+        self._execute_all(commands)
+        self._stores.clear()
         self._log.error(
-            "lazy offload stopped: the core rejected an event; offloading is off for "
-            "the rest of this run and every protected block was released",
-            seq=self._seq,
-            error=str(error),
-            released_blocks=len(held),
+            "lazy offload stopped: nothing new is stored for the rest of this run; stores "
+            "already submitted keep their blocks until their receipts arrive, and vLLM "
+            "keeps serving",
+            seq=self._seq, failed_event=type(event).__name__ if event is not None else "-",
+            reason=reason, in_flight_batches=len(self._drain.in_flight),
+            **_stats(self._drain),
         )
 
-    # -- logging (quiet: one line per loss site, ledger every few seconds) --
+    def _execute_all(self, commands: list[Command]) -> None:
+        for command in commands:
+            try:
+                if isinstance(command, ReleaseBlocks):
+                    blocks.release(self._pool, command.block_ids)
+                    self._unhold(command.block_ids)
+                elif isinstance(command, EndSession):
+                    self._actions.sessions_to_end.append(command.req_id)
+            except Exception as error:  # a pool that fails here cannot be helped
+                self._log.error("lazy offload: drain-only command failed",
+                                command=type(command).__name__, reason=repr(error))
 
-    def _note(self, outcome: Outcome) -> None:
-        for decision in outcome.decisions:
-            if isinstance(decision, OpsDropped):
-                if decision.ops:  # ops == 0: chunks trimmed off an op that goes on
-                    self._forget(decision.req_id, decision.start_token, decision.end_token)
-                self._log_drop(decision)
-            elif isinstance(decision, OpRejected):
-                self._forget(decision.req_id, decision.start_token, decision.end_token)
-                if decision.reason is RejectReason.UNHASHED:
-                    self._log.warning(
-                        f"Lazy offload: skipping store for request {decision.req_id} tokens "
-                        f"[{decision.start_token}, {decision.end_token}) and every later "
-                        "operation of it: covered blocks carry no prefix-cache hash"
-                    )
-            elif isinstance(decision, StoreSettled) and decision.failed and not decision.orphaned:
-                self._log.warning(f"Store failed for request {decision.req_id}",
-                                  batch_id=decision.batch_id, ops=decision.ops)
-            elif isinstance(decision, ReceiptIgnored):
-                self._log.warning(
-                    f"Ignoring store-completion receipt for request {decision.req_id} "
-                    "with no in-flight store batch",
-                    reason=decision.reason.value,
-                )
 
-    def _log_drop(self, decision: OpsDropped) -> None:
-        cause = decision.cause
-        if cause is DropCause.STALE and decision.block_id >= 0:
-            self._log.warning(
-                f"Block hashes missing or mismatched for request {decision.req_id}, "
-                "dropping its remaining store operations",
-                block_id=decision.block_id,
-            )
-        elif cause is DropCause.EVICTED:
-            self._evicted_ops += decision.ops
-            if len(self._evicted_ids) < MAX_IDS_IN_LOG_LINE:
-                self._evicted_ids.append(decision.req_id)
-        elif cause is DropCause.PREEMPTED:
-            self._log.info(
-                f"Lazy offload: dropped {decision.ops} buffered store op(s) of preempted "
-                f"request {decision.req_id}"
-            )
-        elif cause is DropCause.STORE_FAILED:
-            self._log.warning(
-                f"Store failed for request {decision.req_id}; dropped {decision.ops} "
-                "held-back store op(s) that would lack their stored prefix"
-            )
-
-    def _flush_evicted_log(self) -> None:
-        if self._evicted_ops:
-            self._log.info(
-                f"Lazy offload: dropped {self._evicted_ops} store op(s), blocks evicted "
-                f"before drain ({', '.join(self._evicted_ids)})"
-            )
-            self._evicted_ops = 0
-            self._evicted_ids = []
-
-    def _maybe_log_counters(self) -> None:
-        now = self._clock()
-        if now - self._last_counters_log_s < COUNTERS_LOG_INTERVAL_S:
-            return
-        snapshot = tuple(self.state.counters.values())
-        if snapshot != self._last_counters:
-            self._last_counters = snapshot
-            self._last_counters_log_s = now
-            self._log.info(f"Lazy offload counters: {self.counters_line()}")
-
-    def _forget(self, req_id: str, start: int, end: int) -> None:
-        ops = self._op_blocks.get(req_id)
-        if not ops:
-            return
-        for op_start in [s for s in ops if start <= s < end]:
-            del ops[op_start]
+def _stats(drain: DrainOnly) -> dict[str, int]:
+    stats = drain.stats
+    return {
+        "released_blocks": stats.released_now_blocks,
+        "kept_blocks": stats.kept_blocks,
+        "settled_batches": stats.settled_batches,
+        "abandoned_batches": stats.abandoned_batches,
+        "sessions_ended": stats.sessions_ended,
+    }
 
 
 def _allocated_block_ids(scheduler_output: Any) -> list[int]:

@@ -29,3 +29,26 @@ def apply_e2e_env() -> None:
     """``os.environ.setdefault`` for every entry of :data:`E2E_ENV`."""
     for key, value in E2E_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_stack() -> None:
+    """For a test module that needs vLLM and LMCache importable: skip it when
+    they are missing, but fail under ``CI=true`` (CI must never pass by
+    skipping)."""
+    import importlib
+
+    import pytest
+
+    apply_e2e_env()
+    for module in ("vllm", "lmcache"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure counts
+            message = f"`import {module}` failed: {type(exc).__name__}: {exc}"
+            if in_ci():
+                pytest.fail(f"CI=true and {message}", pytrace=False)
+            pytest.skip(message, allow_module_level=True)

@@ -1,0 +1,116 @@
+"""The shell's log lines: quiet, structured, one line per failure.
+
+:class:`Narrator` reads the core's decisions and logs only what an operator
+acts on, as ``<event> key=value ...`` (``connector.logs``):
+
+* a stale skip (hash mismatch at verification), once per request and batch;
+* an unhashed candidate (the request's later ops cannot be stored);
+* a failed store, once when it settles, with the held-back ops it cost;
+* evictions and preemptions, aggregated per scheduler step;
+* the counters line every few seconds when it changed, and at shutdown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import Any
+
+from offload_fsm.counters import Counter
+from offload_fsm.decisions import (
+    DropCause,
+    OpRejected,
+    OpsDropped,
+    ReceiptIgnored,
+    RejectReason,
+    StoreAbandoned,
+    StoreSettled,
+)
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.machine import Outcome
+from offload_fsm.state import State
+
+COUNTERS_LOG_INTERVAL_S = 5.0
+MAX_IDS_IN_LOG_LINE = 8
+
+
+class Narrator:
+    def __init__(self, log: Any, clock: Callable[[], float]) -> None:
+        self._log = log
+        self._clock = clock
+        self._lost: Tally[str] = Tally()  # cause -> ops, this step
+        self._lost_ids: list[str] = []
+        self._held_back_dropped: Tally[str] = Tally()  # req -> ops, until its store settles
+        self._last_counters: tuple[int, ...] = ()
+        self._last_counters_log_s = 0.0
+
+    def note(self, outcome: Outcome) -> None:
+        for decision in outcome.decisions:
+            if isinstance(decision, OpsDropped):
+                self._dropped(decision)
+            elif isinstance(decision, OpRejected) and decision.reason is RejectReason.UNHASHED:
+                self._log.warning(
+                    "lazy offload: skipping a store and every later one of its request: "
+                    "covered blocks carry no prefix-cache hash",
+                    req_id=decision.req_id, start_token=decision.start_token,
+                    end_token=decision.end_token,
+                )
+            elif isinstance(decision, StoreSettled) and decision.failed and not decision.orphaned:
+                self._log.warning(
+                    "lazy offload: store failed", req_id=decision.req_id,
+                    batch_id=decision.batch_id, ops=decision.ops,
+                    held_back_ops_dropped=self._held_back_dropped.pop(decision.req_id, 0),
+                )
+            elif isinstance(decision, StoreAbandoned):
+                self._log.warning(
+                    "lazy offload: store abandoned, its receipts did not all arrive within "
+                    "the receipt lease; its blocks are released", req_id=decision.req_id,
+                    batch_id=decision.batch_id, ops=decision.ops,
+                    receipts=decision.receipts, waited_s=round(decision.waited_s, 3),
+                )
+            elif isinstance(decision, ReceiptIgnored):
+                self._log.warning(
+                    "lazy offload: ignoring a store-completion receipt with no in-flight "
+                    "store batch", req_id=decision.req_id, reason=decision.reason.value,
+                )
+
+    def _dropped(self, decision: OpsDropped) -> None:
+        cause = decision.cause
+        if cause is DropCause.STALE and decision.block_id >= 0:
+            self._log.warning(
+                "lazy offload: block hashes missing or mismatched, skipping the stale store "
+                "and the request's remaining store operations",
+                req_id=decision.req_id, block_id=decision.block_id,
+            )
+        elif cause is DropCause.STORE_FAILED:
+            self._held_back_dropped[decision.req_id] += decision.ops
+        elif cause in (DropCause.EVICTED, DropCause.PREEMPTED) and decision.ops:
+            self._lost[cause.value] += decision.ops
+            if len(self._lost_ids) < MAX_IDS_IN_LOG_LINE:
+                self._lost_ids.append(decision.req_id)
+
+    def end_of_step(self, state: State) -> None:
+        if self._lost:
+            self._log.info(
+                "lazy offload: dropped buffered store ops before their drain",
+                **{f"{cause}_ops": ops for cause, ops in sorted(self._lost.items())},
+                req_ids=",".join(self._lost_ids),
+            )
+            self._lost.clear()
+            self._lost_ids = []
+        now = self._clock()
+        if now - self._last_counters_log_s < COUNTERS_LOG_INTERVAL_S:
+            return
+        snapshot = tuple(state.counters.values())
+        if snapshot != self._last_counters:
+            self._last_counters = snapshot
+            self._last_counters_log_s = now
+            self._log.info(f"Lazy offload counters: {counters_line(state)}")
+
+
+def counters_line(state: State) -> str:
+    counters = state.counters
+    body = " ".join(f"{name}={value}" for name, value in counters.items() if value)
+    terms = ledger_terms(state)
+    closes = counters[Counter.ADMITTED_OPS] == sum(terms.values())
+    return f"{body} pending={terms['pending']} ledger_closes={closes}"

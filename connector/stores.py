@@ -1,0 +1,74 @@
+"""What the core cannot hold: how to build each request's LMCache store.
+
+The core sees a store op as a token range and flat block ids. LMCache needs
+the request's token list, cache salt and request configs (from its latest
+metadata) and each KV group's block ids. :class:`StoreBuilder` keeps these
+per request and per op start, builds one coalesced STORE for a
+``SubmitStore`` (the core may have trimmed already-stored leading chunks off
+the first op), and forgets them when the core drops, rejects or ends them.
+Its memory is bounded by what the core buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
+from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
+
+from offload_fsm.commands import SubmitStore
+
+
+class StoreBuilder:
+    def __init__(self, group_tokens_per_block: list[int]) -> None:
+        self._group_tokens_per_block = list(group_tokens_per_block)
+        self._latest: dict[str, LMCacheMPRequestMetadata] = {}
+        # req id -> op start token -> (op end token, per-group block ids)
+        self._ops: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
+
+    def offered(self, metadata: LMCacheMPRequestMetadata) -> None:
+        op: Any = metadata.op
+        self._latest[metadata.request_id] = metadata
+        self._ops.setdefault(metadata.request_id, {})[op.start] = (op.end, op.block_ids)
+
+    def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
+        latest = self._latest[command.req_id]
+        ops = self._ops[command.req_id]
+        start = max(s for s in ops if s <= command.start_token)
+        end, first_groups = ops.pop(start)
+        cut = command.start_token - start
+        merged = [
+            list(group[cut // tpb:]) if tpb > 0 else list(group)
+            for group, tpb in zip(first_groups, self._group_tokens_per_block, strict=True)
+        ]
+        while end < command.end_token:
+            end, group_block_ids = ops.pop(end)
+            for into, group in zip(merged, group_block_ids, strict=True):
+                into.extend(group)
+        return LMCacheMPRequestMetadata(
+            request_id=command.req_id,
+            direction="STORE",
+            op=LoadStoreOp(
+                token_ids=latest.op.token_ids,
+                block_ids=merged,
+                start=command.start_token,
+                end=command.end_token,
+            ),
+            cache_salt=latest.cache_salt,
+            request_configs=latest.request_configs,
+        )
+
+    def forget_range(self, req_id: str, start: int, end: int) -> None:
+        ops = self._ops.get(req_id)
+        if not ops:
+            return
+        for op_start in [s for s in ops if start <= s < end]:
+            del ops[op_start]
+
+    def forget(self, req_id: str) -> None:
+        self._latest.pop(req_id, None)
+        self._ops.pop(req_id, None)
+
+    def clear(self) -> None:
+        self._latest.clear()
+        self._ops.clear()
