@@ -41,6 +41,7 @@ Contract towards the caller (the vLLM scheduler thread)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -82,6 +83,20 @@ class _Gap:
         self.count = count
 
 
+class _Rotate:
+    """Queue-internal: close the file, open the next, and write ``item`` (a
+    snapshot, say) right after its header; see :meth:`EventLogWriter.rotate`."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: object) -> None:
+        self.item = item
+
+
+def _one(item: object) -> int:
+    return 1
+
+
 class EventLogWriter:
     """Non-blocking, rotating writer of framed records.  See the module docstring."""
 
@@ -95,7 +110,12 @@ class EventLogWriter:
         warn: Callable[[str], None] | None = None,
         prefix: str | None = None,
         queue_max_items: int = 65536,
-        max_file_bytes: int = 256 * 1024 * 1024,
+        max_file_bytes: int = 64 * 1024 * 1024,
+        max_total_bytes: int | None = None,
+        auto_rotate: bool = True,
+        item_events: Callable[[object], int] | None = None,
+        retry_interval_s: float = 1.0,
+        probe_bytes: int = 64 * 1024,
         flush_interval_s: float = 0.2,
         flush_bytes: int = 1 << 20,
         idle_poll_s: float = 0.01,
@@ -105,6 +125,8 @@ class EventLogWriter:
             raise ValueError("queue_max_items must be >= 1")
         if max_file_bytes < 1:
             raise ValueError("max_file_bytes must be >= 1")
+        if max_total_bytes is not None and max_total_bytes < 1:
+            raise ValueError("max_total_bytes must be >= 1 (or None: unbounded)")
         self._dir = Path(directory)
         self._encode = encode
         self._make_header = make_header
@@ -113,6 +135,11 @@ class EventLogWriter:
         self.prefix = prefix if prefix is not None else default_prefix()
         self._queue_max = queue_max_items
         self._max_file_bytes = max_file_bytes
+        self._max_total_bytes = max_total_bytes
+        self._auto_rotate = auto_rotate
+        self._item_events = item_events if item_events is not None else _one
+        self._retry_interval_s = retry_interval_s
+        self._probe_bytes = probe_bytes
         self._flush_interval_s = flush_interval_s
         self._flush_bytes = flush_bytes
         self._idle_poll_s = idle_poll_s
@@ -122,10 +149,12 @@ class EventLogWriter:
         # the slow path with a single comparison on the hot path.
         self._queue: deque[object] = deque()
         self._limit = queue_max_items
-        self._lost_pending = 0
+        self._lost_pending = 0  # items dropped in the current overflow episode
+        self._lost_events = 0  # their weight (``item_events``): the gap's count
         self._items_lost = 0
         self._warned_loss = False
         self._closing = False
+        self._rotate_pending = False  # a rotation is queued, not yet done
 
         # Writer-thread state.
         self._items_written = 0
@@ -134,7 +163,15 @@ class EventLogWriter:
         self._bytes_written = 0
         self._encode_errors = 0
         self._warned_encode = False
+        self._warned_plain_rotation = False
+        self._warned_retention = False
         self._broken: BaseException | None = None
+        self._outage_lost = 0  # events dropped since the I/O failure
+        self._next_retry = 0.0
+        self._due = False  # the writer wants a rotation (size bound, or space is back)
+        self._resumes = 0
+        self._files_deleted = 0
+        self._bytes_deleted = 0
         self._files: list[Path] = []
         self._seqno = -1
         self._file: BinaryIO | None = None
@@ -176,18 +213,18 @@ class EventLogWriter:
         if self._lost_pending:
             if len(q) < self._queue_max:
                 # Room again: the gap marker may exceed the bound by one.
-                q.append(_Gap(self._lost_pending))
+                self._queue_gap()
                 q.append(item)
-                self._lost_pending = 0
-                self._limit = self._queue_max
                 return
             self._lost_pending += 1
             self._items_lost += 1
+            self._lost_events += self._item_events(item)
             return
         if len(q) < self._queue_max:  # raced with the writer thread draining
             q.append(item)
             return
         self._lost_pending = 1
+        self._lost_events = self._item_events(item)
         self._limit = -1
         self._lose(
             f"event log queue full ({self._queue_max} items): dropping events; "
@@ -196,11 +233,45 @@ class EventLogWriter:
         )
         self._wake.set()
 
+    def _queue_gap(self) -> None:
+        """End an overflow episode: its gap marker goes in front of what follows."""
+        if self._lost_events:
+            self._queue.append(_Gap(self._lost_events))
+        self._lost_pending = 0
+        self._lost_events = 0
+        self._limit = -1 if self._closing else self._queue_max
+
     def _lose(self, message: str) -> None:
         self._items_lost += 1
         if not self._warned_loss:
             self._warned_loss = True
             self._warn(message)
+
+    @property
+    def rotation_due(self) -> bool:
+        """True when the writer wants the producer to call :meth:`rotate`: the
+        file reached ``max_file_bytes`` (with ``auto_rotate=False``), or the
+        log can resume after an I/O failure (probed once per
+        ``retry_interval_s``). False while a rotation is queued or the queue
+        is full."""
+        return (self._due and not self._rotate_pending and not self._closing
+                and len(self._queue) < self._queue_max)
+
+    def rotate(self, first_item: object | None = None) -> bool:
+        """Queue a rotation: the next file starts with its header and then
+        ``first_item`` (the producer's snapshot); after an I/O failure this is
+        the attempt to resume, and a gap marker with the events lost goes
+        between the two. Returns False (nothing queued, call again later) when
+        the queue is full or the writer is closing."""
+        q = self._queue
+        if self._closing or len(q) >= self._queue_max:
+            return False
+        if self._lost_pending:
+            self._queue_gap()
+        self._rotate_pending = True
+        q.append(_Rotate(first_item))
+        self._wake.set()
+        return True
 
     # ------------------------------------------------------------ counters
 
@@ -233,8 +304,13 @@ class EventLogWriter:
         return self._encode_errors
 
     @property
+    def broken(self) -> bool:
+        """True from an I/O failure until the log resumes."""
+        return self._broken is not None
+
+    @property
     def files(self) -> tuple[Path, ...]:
-        """Paths of the files opened so far, in order."""
+        """Paths of the files opened so far, in order (deleted ones included)."""
         return tuple(self._files)
 
     @property
@@ -250,6 +326,9 @@ class EventLogWriter:
             "bytes_written": self._bytes_written,
             "encode_errors": self._encode_errors,
             "files": len(self._files),
+            "files_deleted": self._files_deleted,
+            "bytes_deleted": self._bytes_deleted,
+            "resumes": self._resumes,
             "queue_len": len(self._queue),
         }
 
@@ -263,11 +342,10 @@ class EventLogWriter:
         """
         with self._close_lock:
             first = not self._closing
+            self._closing = True
             if first and self._lost_pending:
                 # Record the final loss episode in the log before shutting down.
-                self._queue.append(_Gap(self._lost_pending))
-                self._lost_pending = 0
-            self._closing = True
+                self._queue_gap()
             self._limit = -1
         if first and self._atexit_registered:
             atexit.unregister(self._atexit_close)
@@ -304,6 +382,7 @@ class EventLogWriter:
         popleft = q.popleft
         write_item = self._write_item
         monotonic = time.monotonic
+        self._enforce_retention()
         try:
             while True:
                 n = 0
@@ -319,6 +398,8 @@ class EventLogWriter:
                     or monotonic() - self._last_flush >= self._flush_interval_s
                 ):
                     self._flush()
+                if self._broken is not None and not self._due and monotonic() >= self._next_retry:
+                    self._probe()
                 if n == 0:
                     if self._closing:
                         break
@@ -327,12 +408,26 @@ class EventLogWriter:
         finally:
             self._close_file()
 
+    def _weigh(self, item: object) -> int:
+        try:
+            return self._item_events(item)
+        except Exception:  # a weight is bookkeeping; never let it stop the writer
+            return 1
+
     def _write_item(self, item: object) -> None:
-        is_gap = type(item) is _Gap
+        kind = type(item)
+        if kind is _Rotate:
+            assert isinstance(item, _Rotate)
+            self._on_rotate(item.item)
+            return
+        is_gap = kind is _Gap
         if self._broken is not None:
             if is_gap:
+                assert isinstance(item, _Gap)
+                self._outage_lost += item.count
                 return
             self._items_lost += 1
+            self._outage_lost += self._weigh(item)
             return
         try:
             if is_gap:
@@ -349,27 +444,135 @@ class EventLogWriter:
                 self._warn(f"event log: failed to encode {type(item).__name__}: {exc!r}")
             if is_gap:
                 return
+            lost = self._weigh(item)
+            if not lost:
+                return
             try:
-                record = frame(self._encode(self._make_gap(1)))
+                record = frame(self._encode(self._make_gap(lost)))
             except Exception:
                 return
             is_gap = True
         if self._file_records and self._file_bytes + len(record) > self._max_file_bytes:
-            self._rotate()
+            if self._auto_rotate:
+                self._rotate()
+            elif (not self._rotate_pending
+                  and self._file_bytes + len(record) > 2 * self._max_file_bytes):
+                # The producer never answered rotation_due: keep the bound anyway.
+                # (A queued rotation is coming: the items before it go here.)
+                if not self._warned_plain_rotation:
+                    self._warned_plain_rotation = True
+                    self._warn("event log: rotating without the producer's first record "
+                               f"(file past twice {self._max_file_bytes} bytes)")
+                self._rotate()
+            else:
+                self._due = True
             if self._broken is not None:
                 if not is_gap:
                     self._items_lost += 1
+                    self._outage_lost += self._weigh(item)
                 return
         self._write_record(record)
         if self._broken is not None:
             if not is_gap:
                 self._items_lost += 1
+                self._outage_lost += self._weigh(item)
             return
         if is_gap:
             self._gaps_written += 1
         else:
             self._items_written += 1
         self._file_records += 1
+        if not self._auto_rotate and self._file_bytes >= self._max_file_bytes:
+            self._due = True
+
+    def _on_rotate(self, first: object | None) -> None:
+        """A rotation the producer asked for (``first``: the new file's first
+        record after the header), or, while broken, the attempt to resume."""
+        try:
+            gap = None
+            if self._broken is not None and self._outage_lost:
+                # Encoded before ``first``: a gap names the first lost event.
+                gap = frame(self._encode(self._make_gap(self._outage_lost)))
+            record = frame(self._encode(first)) if first is not None else None
+        except Exception as exc:
+            self._encode_errors += 1
+            if not self._warned_encode:
+                self._warned_encode = True
+                self._warn(f"event log: failed to encode {type(first).__name__}: {exc!r}")
+            record = None
+        finally:
+            self._rotate_pending = False
+        if self._broken is None:
+            self._rotate()
+            if record is not None and self._broken is None:
+                self._write_record(record)
+                if self._broken is None:
+                    self._file_records += 1
+                    self._items_written += 1
+            self._enforce_retention()
+            return
+        self._resume(gap, record)
+
+    # ------------------------------------------------------------ I/O failure
+
+    def _probe(self) -> None:
+        """While broken: can the directory take writes again? Writes, syncs and
+        deletes a ``probe_bytes`` scratch file; on success asks the producer
+        for a rotation (its snapshot starts the resumed file)."""
+        self._next_retry = time.monotonic() + self._retry_interval_s
+        path = self._dir / f".{self.prefix}.probe"
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            with _open(path, "wb") as f:
+                f.write(b"\0" * self._probe_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._enforce_retention()  # before the new file, not after: make room first
+        self._due = True
+
+    def _resume(self, gap: bytes | None, record: bytes | None) -> None:
+        """Open the next file with header, gap and ``record``, synced; on any
+        failure delete it and wait for the next probe."""
+        self._due = False
+        self._next_retry = time.monotonic() + self._retry_interval_s
+        if record is None:
+            return  # nothing to resume from (the snapshot did not encode)
+        seqno = self._seqno + 1
+        path = self._dir / file_name(self.prefix, seqno)
+        try:
+            header = frame(self._encode(self._make_header()))
+            with contextlib.ExitStack() as cleanup:
+                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192))
+                cleanup.callback(_discard, f, path)
+                for part in (header, gap, record):
+                    if part is not None:
+                        f.write(part)
+                f.flush()
+                os.fsync(f.fileno())
+                cleanup.pop_all()
+        except Exception:  # OSError: still no room; anything else: try again later
+            return
+        size = len(header) + len(record) + (len(gap) if gap is not None else 0)
+        self._seqno = seqno
+        self._file = f
+        self._files.append(path)
+        self._file_bytes = size
+        self._file_records = 1
+        self._bytes_written += size
+        self._records_written += 2 + (gap is not None)
+        self._gaps_written += gap is not None
+        self._items_written += 1
+        self._last_flush = time.monotonic()
+        self._unflushed = 0
+        lost, self._outage_lost = self._outage_lost, 0
+        self._broken = None
+        self._resumes += 1
+        self._warn(f"event log: resumed in {path} after {lost} lost event(s)")
 
     def _write_record(self, record: bytes) -> None:
         f = self._file
@@ -395,11 +598,22 @@ class EventLogWriter:
                 self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
+        """An I/O error: stop writing, drop (and count) what comes, close the
+        file, and probe for room once per ``retry_interval_s``."""
         self._broken = exc
+        self._due = False
+        self._outage_lost = 0
+        self._next_retry = time.monotonic() + self._retry_interval_s
         self._warn(
             f"event log: I/O error on {self._files[-1] if self._files else self._dir}: "
-            f"{exc!r}; further events are dropped and counted in items_lost"
+            f"{exc!r}; events are dropped and counted in items_lost; retrying every "
+            f"{self._retry_interval_s:g}s, the log resumes in a new file when writes succeed"
         )
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()  # flushing again may fail; the descriptor is closed anyway
+        self._unflushed = 0
 
     def _close_file(self) -> None:
         f = self._file
@@ -411,14 +625,16 @@ class EventLogWriter:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:
+            self._file = f
             self._fail(exc)
+            return
         finally:
-            try:
-                f.close()
-            except OSError as exc:
-                if self._broken is None:
-                    self._fail(exc)
             self._unflushed = 0
+        try:
+            f.close()
+        except OSError as exc:
+            if self._broken is None:
+                self._fail(exc)
 
     def _rotate(self) -> None:
         self._close_file()
@@ -434,13 +650,61 @@ class EventLogWriter:
 
     def _open_next_file(self) -> None:
         self._seqno += 1
+        self._due = False
         path = self._dir / file_name(self.prefix, self._seqno)
         # "x": never clobber an existing log.
-        self._file = open(path, "xb", buffering=max(self._flush_bytes, 8192))  # noqa: SIM115
+        self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192))
         self._files.append(path)
         self._file_bytes = 0
         self._file_records = 0
         self._write_record(frame(self._encode(self._make_header())))
+
+    # ------------------------------------------------------------ retention
+
+    def _enforce_retention(self) -> None:
+        """Delete the directory's oldest log files (any run, by modification
+        time) until the total is within ``max_total_bytes``; never the file
+        being written."""
+        bound = self._max_total_bytes
+        if bound is None:
+            return
+        current = self._files[-1] if self._file is not None and self._files else None
+        try:
+            entries = []
+            total = 0
+            for path in self._dir.iterdir():
+                if parse_file_name(path.name) is None:
+                    continue
+                if current is not None and path == current:
+                    total += self._file_bytes
+                    continue
+                stat = path.stat()
+                if not os.path.isfile(path):
+                    continue
+                entries.append((stat.st_mtime_ns, file_sort_key(path.name), path, stat.st_size))
+                total += stat.st_size
+            entries.sort()
+            for _, _, path, size in entries:
+                if total <= bound:
+                    break
+                path.unlink()
+                total -= size
+                self._files_deleted += 1
+                self._bytes_deleted += size
+        except OSError as exc:
+            if not self._warned_retention:
+                self._warned_retention = True
+                self._warn(f"event log: retention in {self._dir} failed: {exc!r}")
+
+
+_open = open  # the writer's only way to open files (tests replace it to inject failures)
+
+
+def _discard(f: BinaryIO, path: Path) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 # ------------------------------------------------------------ reading helpers

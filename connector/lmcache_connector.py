@@ -16,6 +16,7 @@ this class swaps in :class:`connector.manager.EventSourcedManager`.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -24,10 +25,12 @@ from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
-from offload_fsm.config import OffloadConfig
+from offload_fsm.config import PREFIX, ConfigError, OffloadConfig
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
 DEFAULT_LOG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lazy-offload", "logs")
+_MIB = 1024 * 1024
+_log = logging.getLogger(__name__)
 
 
 def _prefix_caching_on(vllm_config: Any) -> bool:
@@ -68,16 +71,38 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
 
 def _make_recorder(config: OffloadConfig, world_size: int) -> EventRecorder | None:
-    """The event log writer, or None when turned off (``log_dir`` = "")."""
+    """The event log writer, or None when turned off (``log_dir`` = "").
+
+    A log directory that cannot be created or written: when it was configured
+    (``lmcache.mp.lazy_offload_log_dir``) start-up fails with a
+    :class:`ConfigError` naming the key, the path and the OS error; the default
+    one (no key) costs one warning, and vLLM serves without an event log."""
     directory = config.log_dir
+    origin = f"{PREFIX}_log_dir"
     if directory is None:
-        directory = os.environ.get(DEFAULT_LOG_DIR_ENV, DEFAULT_LOG_DIR)
+        directory = os.environ.get(DEFAULT_LOG_DIR_ENV)
+        origin = f"${DEFAULT_LOG_DIR_ENV}" if directory is not None else "the default"
+        if directory is None:
+            directory = DEFAULT_LOG_DIR
     if not directory:
         return None
-    return EventRecorder(
-        config,
-        world_size,
-        directory,
-        installed_versions(),
-        pub_endpoint=config.log_pub_endpoint,
-    )
+    try:
+        return EventRecorder(
+            config,
+            world_size,
+            directory,
+            installed_versions(),
+            pub_endpoint=config.log_pub_endpoint,
+            max_file_bytes=max(1, round(config.log_max_file_mib * _MIB)),
+            max_total_bytes=max(1, round(config.log_max_total_mib * _MIB)),
+        )
+    except OSError as error:
+        if config.log_dir is not None:
+            raise ConfigError(f"{PREFIX}_log_dir", directory,
+                              f"a directory the event log can be written to ({error})"
+                              ) from error
+        _log.warning("lazy offload: the event log directory %s (%s) cannot be written (%s); "
+                     "serving continues without an event log; set %s_log_dir to a writable "
+                     "directory, or to \"\" to turn the log off", directory, origin, error,
+                     PREFIX)
+        return None

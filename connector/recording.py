@@ -31,19 +31,35 @@ Contract towards the caller (the vLLM scheduler thread)
   last record, which the reader reports and skips.
 * ``directory=None`` disables recording: :meth:`record` returns at once.
 
-Wire format: :mod:`offload_fsm.logformat`; each file starts with a header
-(config, policy, world size, versions) so that a log alone is enough to
-replay it.
+Files, snapshots and disk use
+-----------------------------
+Each file starts with a header (config, policy, world size, versions); each
+file but the first follows it with a SNAPSHOT of the whole state
+(:mod:`offload_fsm.snapshot`), so any one file replays alone. The state
+lives on this thread and moves with the next ``step``, so the snapshot is
+taken here, and only when a rotation is due: the writer raises
+``rotation_due`` once the file reaches ``max_file_bytes``, and at the next
+batch boundary :meth:`record` flushes the batch and hands the writer
+``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
+the directory within ``max_total_bytes`` by deleting the oldest files.
+After an I/O failure (a full disk) the writer drops and counts events and
+probes for room once per ``retry_interval_s``; when writes succeed again it
+raises ``rotation_due`` as well, and the resumed file holds header, a GAP
+with the number of events lost, and the snapshot.
+
+Wire format: :mod:`offload_fsm.logformat`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
 from connector.eventlog import EventLogWriter
+from offload_fsm import snapshot
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
 from offload_fsm.events import Event, StepScheduled
@@ -57,6 +73,7 @@ from offload_fsm.logformat import (
     PUB_TOPIC,
     REJECTED,
     SCHEMA_VERSION,
+    SNAPSHOT,
     Header,
     encode_digest,
     encode_end,
@@ -64,6 +81,7 @@ from offload_fsm.logformat import (
     encode_header,
     encode_inputs,
     encode_rejected,
+    encode_snapshot,
 )
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
@@ -71,6 +89,15 @@ from offload_fsm.state import State
 __all__ = ["EventRecorder", "installed_versions"]
 
 _NEW_FILE = (HEADER,)
+_log = logging.getLogger(__name__)
+
+
+def _events_of(item: Any) -> int:
+    """How many events a queued item carries (the writer's GAP counts events)."""
+    kind = item[0]
+    if kind == INPUTS:
+        return len(item[3])
+    return 1 if kind == REJECTED else 0
 
 
 def installed_versions() -> dict[str, str]:
@@ -150,6 +177,11 @@ class _Encoder:
             self._item_seq = seq
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._next_seq = seq + 1
+        elif kind == SNAPSHOT:
+            # Encoded before the header of the file it starts, which takes its seq.
+            _, seq, wall_s, digest, state = item
+            self._item_seq = self._next_seq = seq
+            return encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state)
         else:
             payload = self._header()
         if self._pub_endpoint:
@@ -213,7 +245,9 @@ class EventRecorder:
         batch_events: int = 256,
         prefix: str | None = None,
         queue_max_items: int = 65536,
-        max_file_bytes: int = 256 * 1024 * 1024,
+        max_file_bytes: int = 64 * 1024 * 1024,
+        max_total_bytes: int | None = 1024 * 1024 * 1024,
+        retry_interval_s: float = 1.0,
         register_atexit: bool = True,
     ) -> None:
         self._seq = 0
@@ -224,6 +258,9 @@ class EventRecorder:
         self._digest_every = digest_every
         self._next_digest = digest_every if digest_every > 0 else -1
         self._rejected = False  # a rejection poisoned the state: no more digests
+        self._warned_snapshot = False
+        self.snapshots = 0
+        self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
         if directory is None:
@@ -238,6 +275,10 @@ class EventRecorder:
             prefix=prefix,
             queue_max_items=queue_max_items,
             max_file_bytes=max_file_bytes,
+            max_total_bytes=max_total_bytes,
+            auto_rotate=False,
+            item_events=_events_of,
+            retry_interval_s=retry_interval_s,
             register_atexit=register_atexit,
         )
 
@@ -272,6 +313,25 @@ class EventRecorder:
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
             writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+        if not self._batch and writer.rotation_due and not self._rejected:
+            self._rotate(writer, state)
+
+    def _rotate(self, writer: EventLogWriter, state: State) -> None:
+        """At a batch boundary: the next file starts with a snapshot of ``state``."""
+        started = time.perf_counter()
+        item: tuple[Any, ...] | None
+        try:
+            item = (SNAPSHOT, self._seq, time.time(), state_digest(state),
+                    snapshot.to_wire(state))
+        except Exception as error:  # a bug; the log goes on, that file needs its predecessors
+            item = None
+            if not self._warned_snapshot:
+                self._warned_snapshot = True
+                _log.warning("event log: state snapshot failed (%r); files rotate without "
+                             "one and do not replay alone", error)
+        self.snapshot_s += time.perf_counter() - started
+        if writer.rotate(item) and item is not None:
+            self.snapshots += 1
 
     def record_rejected(
         self,

@@ -16,6 +16,8 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
 ``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5600``
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
+``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
+``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
 =============================================  ================  ===========================
 
 Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
@@ -78,6 +80,10 @@ class OffloadConfig:
     # detection (three missed 10 s heartbeats), after which LMCache itself
     # reports every pending store; so only a lost receipt ever reaches it.
     receipt_lease_s: float = 300.0
+    # Disk use of the event log: the directory's total over all runs (oldest
+    # files deleted first, never the file being written) and the rotation size.
+    log_max_total_mib: float = 1024.0
+    log_max_file_mib: float = 64.0
 
     def describe(self) -> str:
         """The knobs that matter for the configured policy, for the start-up log line."""
@@ -101,6 +107,8 @@ class OffloadConfig:
             f"{PREFIX}_log_dir": self.log_dir if self.log_dir is not None else "",
             f"{PREFIX}_log_pub_endpoint": self.log_pub_endpoint,
             f"{PREFIX}_receipt_lease_s": self.receipt_lease_s,
+            f"{PREFIX}_log_max_total_mib": self.log_max_total_mib,
+            f"{PREFIX}_log_max_file_mib": self.log_max_file_mib,
         }
 
 
@@ -192,6 +200,12 @@ _PARSERS[f"{PREFIX}_log_pub_endpoint"] = ("log_pub_endpoint", _endpoint)
 _PARSERS[f"{PREFIX}_receipt_lease_s"] = (
     "receipt_lease_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
 )
+_PARSERS[f"{PREFIX}_log_max_total_mib"] = (
+    "log_max_total_mib", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False)
+)
+_PARSERS[f"{PREFIX}_log_max_file_mib"] = (
+    "log_max_file_mib", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False)
+)
 
 # Keys a log header may lack because it was recorded before they existed: the
 # value that reproduces the recorder's behaviour then.
@@ -216,7 +230,13 @@ def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
             raise ConfigError(key, value, f"a known key ({', '.join(KNOWN_KEYS)}){hint}")
         name, parse = _PARSERS[key]
         fields[name] = parse(key, value)
-    return OffloadConfig(**fields)  # type: ignore[arg-type]
+    config = OffloadConfig(**fields)  # type: ignore[arg-type]
+    if config.log_max_file_mib > config.log_max_total_mib:
+        key = f"{PREFIX}_log_max_file_mib"
+        raise ConfigError(key, config.log_max_file_mib,
+                          f"at most {PREFIX}_log_max_total_mib ({config.log_max_total_mib:g}):"
+                          " a file is never deleted while it is written")
+    return config
 
 
 def parse_recorded_config(wire: Mapping[str, object]) -> OffloadConfig:

@@ -26,6 +26,7 @@ from offload_fsm.logformat import (
     INPUTS,
     REJECTED,
     SCHEMA_VERSION,
+    SNAPSHOT,
     UPCASTERS,
     Digest,
     End,
@@ -34,6 +35,7 @@ from offload_fsm.logformat import (
     Inputs,
     LogRecord,
     Rejected,
+    Snapshot,
 )
 
 __all__ = ["LogDecoder", "decode_record"]
@@ -157,6 +159,12 @@ def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
             event, reason = item[3:]
             return Rejected(seq=seq, wall_time_s=created_s + wall / 1000.0,
                             event=_event(event), reason=reason)
+        if kind == SNAPSHOT:
+            digest, state = item[3:]
+            if not isinstance(digest, str) or not isinstance(state, tuple):
+                raise LogCorrupt("SNAPSHOT record without a digest and a state")
+            return Snapshot(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest,
+                            state=state)
         if kind == HEADER:
             return _header(seq, wall, item[3])
     except (ValueError, KeyError, TypeError) as error:

@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 2).
+"""Event-log record format: envelopes around pure domain facts (schema 3).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``logdecode`` turns bytes
@@ -15,10 +15,17 @@ kind        tag  payload
 HEADER      1    ``{...}`` (see :class:`Header`); ``wall`` is absolute seconds
 INPUTS      2    ``ev_1, check_1, ev_2, check_2, ...``: consecutive applied events
 DIGEST      3    ``digest``: ``codec.state_digest`` after event ``seq`` was applied
-GAP         4    ``lost_count``: events lost before ``seq`` (writer overload)
+GAP         4    ``lost_count``: events lost from ``seq`` on (writer overload, I/O error)
 END         5    ``events_total, digest``: clean shutdown (digest ``""`` if unknown)
 REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schema 2)
+SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3)
 ==========  ===  =====================================================================
+
+A SNAPSHOT is ``snapshot.to_wire(state)`` with its ``codec.state_digest``. The
+recorder writes one right after the header of every file but the first (and
+of a file that resumes the log after an I/O failure), so each file replays
+alone: retention may delete the files before it. In a schema 3 file a GAP
+counts events; before, the records the writer dropped.
 
 Kind tags are never renumbered (append new ones). ``seq`` numbers events from
 0 without holes; an INPUTS record carries the events ``seq, seq + 1, ...``
@@ -47,7 +54,8 @@ Readers refuse versions newer than :data:`SCHEMA_VERSION`
 of that version to the next), before any object is built. A changed field
 list of an event, decision or command is a new schema version plus an
 upcaster; tags stay. Schema 2 added the REJECTED kind; a schema 1 record
-is a valid schema 2 record, so its upcaster is the identity.
+is a valid schema 2 record, so its upcaster is the identity. Schema 3 added
+the SNAPSHOT kind, again the identity for older records.
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ __all__ = [
     "PUB_TOPIC",
     "REJECTED",
     "SCHEMA_VERSION",
+    "SNAPSHOT",
     "UPCASTERS",
     "Digest",
     "End",
@@ -83,6 +92,7 @@ __all__ = [
     "LogRecord",
     "OutcomeWire",
     "Rejected",
+    "Snapshot",
     "encode_digest",
     "encode_end",
     "encode_gap",
@@ -90,13 +100,14 @@ __all__ = [
     "encode_inputs",
     "encode_record",
     "encode_rejected",
+    "encode_snapshot",
     "outcome_check",
     "outcome_wire",
     "wire",
     "wire_check",
 ]
 
-SCHEMA_VERSION: Final[int] = 2
+SCHEMA_VERSION: Final[int] = 3
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
@@ -104,6 +115,7 @@ DIGEST: Final[int] = 3
 GAP: Final[int] = 4
 END: Final[int] = 5
 REJECTED: Final[int] = 6  # added in schema 2
+SNAPSHOT: Final[int] = 7  # added in schema 3
 
 PUB_TOPIC: Final[bytes] = b"lolog"
 """The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
@@ -116,7 +128,15 @@ def _upcast_v1_v2(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
-UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {1: _upcast_v1_v2}
+def _upcast_v2_v3(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 3 only added the SNAPSHOT kind, which v2 files never contain."""
+    return item
+
+
+UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
+    1: _upcast_v1_v2,
+    2: _upcast_v2_v3,
+}
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""
 
@@ -186,7 +206,19 @@ class Rejected:
     reason: str
 
 
-LogRecord = Header | Inputs | Digest | Gap | End | Rejected
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """The whole state before event ``seq`` (``snapshot.to_wire``, decoded
+    into a state by ``snapshot.from_wire`` with the header's config), and its
+    ``codec.state_digest``."""
+
+    seq: int
+    wall_time_s: float
+    digest: str
+    state: tuple[Any, ...]
+
+
+LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot
 
 
 # --------------------------------------------------------------------------
@@ -316,6 +348,10 @@ def encode_rejected(seq: int, wall_ms: int, event: Event, reason: str) -> bytes:
     return _packb((REJECTED, seq, wall_ms, wire(event), reason))
 
 
+def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...]) -> bytes:
+    return _packb((SNAPSHOT, seq, wall_ms, digest, state))
+
+
 def encode_record(record: LogRecord, *, created_s: float) -> bytes:
     """Any record as a payload; times relative to ``created_s`` (the header's)."""
     if isinstance(record, Header):
@@ -333,4 +369,6 @@ def encode_record(record: LogRecord, *, created_s: float) -> bytes:
         return encode_gap(record.seq, ms, record.lost_count)
     if isinstance(record, Rejected):
         return encode_rejected(record.seq, ms, record.event, record.reason)
+    if isinstance(record, Snapshot):
+        return encode_snapshot(record.seq, ms, record.digest, record.state)
     return encode_end(record.seq, ms, record.events_total, record.digest)

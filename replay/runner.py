@@ -8,6 +8,16 @@ the first divergence, the first lost event (a GAP record, a hole in ``seq``)
 or the first damaged span, because the state after lost inputs is unknown;
 it keeps reading to the end so that every damage is reported.
 
+A SNAPSHOT record (every file but the first starts with one) carries the
+whole state before event ``seq``. While folding, its digest is checked like
+a DIGEST record. Where the state is unknown (the files before it are
+missing, deleted by retention; a lost event or a damaged span before it),
+folding starts again from it: the state is rebuilt by
+:func:`offload_fsm.snapshot.from_wire` and must match the snapshot's own
+digest. So a file alone replays from its snapshot; a loss or damage is
+still reported, but the rest of the run is verified. A divergence or a
+rejection ends folding for good.
+
 A REJECTED record is the recorded run's core refusing an event (and being
 poisoned by it). Replay applies that event too: the core must refuse it
 again (a :class:`Rejection`, ``reproduced``); if it applies it instead, that
@@ -26,9 +36,10 @@ from typing import Any
 
 import attrs
 
+from offload_fsm import snapshot
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig, parse_recorded_config
-from offload_fsm.errors import StepFailed
+from offload_fsm.errors import LogCorrupt, StepFailed
 from offload_fsm.events import Event
 from offload_fsm.logformat import (
     Digest,
@@ -38,6 +49,7 @@ from offload_fsm.logformat import (
     Inputs,
     LogRecord,
     Rejected,
+    Snapshot,
     outcome_check,
     outcome_wire,
     wire_check,
@@ -106,6 +118,9 @@ class ReplayResult:
     lost: list[str] = attrs.Factory(list)  # gaps in the event sequence
     stopped: str = ""  # why folding stopped early ("" = it reached the end)
     ended_cleanly: bool = False
+    first_seq: int = 0  # the first event replayed (a snapshot's, when earlier files are gone)
+    snapshots_loaded: list[int] = attrs.Factory(list)  # seq of each snapshot folding started at
+    snapshots_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -135,8 +150,7 @@ def replay(
             _ON_RECORD[type(record)](fold, record)
         else:
             fold.after_stop(record)
-    if fold.result.header is None and not fold.result.stopped:
-        fold.result.stopped = "no header record"
+    fold.finish()
     return fold.result
 
 
@@ -156,12 +170,24 @@ class _Fold:
         self.result = ReplayResult()
         self.observer = observer
         self.state: State | None = None
+        self.config: OffloadConfig | None = None
         self.folding = True
+        self.resumable = True  # a later snapshot may restart folding
         self.next_seq = 0
+        self.schema = 0
+        self.missing_start = ""  # the run's first file starts past event 0
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, *, resumable: bool = True) -> None:
         self.folding = False
+        self.resumable = self.resumable and resumable
         self.result.stopped = reason
+
+    def finish(self) -> None:
+        result = self.result
+        if result.header is None and not result.stopped:
+            result.stopped = "no header record"
+        if self.missing_start and not result.snapshots_loaded:
+            result.lost.append(f"{self.missing_start}, and no snapshot follows")
 
     def lose(self, message: str) -> None:
         self.result.lost.append(message)
@@ -169,7 +195,7 @@ class _Fold:
 
     def diverge(self, divergence: Divergence) -> None:
         self.result.divergence = divergence
-        self.stop(f"divergence at seq {divergence.seq}")
+        self.stop(f"divergence at seq {divergence.seq}", resumable=False)
 
     def on_damage(self, damage: LogDamage) -> None:
         self.result.damage.append(damage)
@@ -180,22 +206,73 @@ class _Fold:
         """Past the stop, a clean end and the run's own rejection still count."""
         if type(record) is End:
             self.result.ended_cleanly = True
+        elif type(record) is Snapshot and self.resumable:
+            self.restore(record)
+        elif type(record) is Header:
+            self.schema = record.schema
         elif type(record) is Rejected and self.result.rejection is None:
             self.result.rejection = Rejection(seq=record.seq, event=record.event,
                                               recorded_reason=record.reason, reproduced=None)
 
     def on_header(self, record: Header) -> None:
         result = self.result
+        self.schema = record.schema
         if result.header is not None:
             if record.seq != self.next_seq:
                 self.lose(f"file {record.file_index} starts at event {record.seq}, "
                           f"expected {self.next_seq}")
             return
         result.header = record
-        self.state = result.state = new_state(config_of(record), world_size=record.world_size)
-        self.next_seq = record.seq
+        self.config = config_of(record)
+        self.next_seq = result.first_seq = record.seq
         if record.seq != 0:
-            self.stop(f"the run starts at event {record.seq}: earlier files are missing")
+            # Retention deleted the files before it: its snapshot restarts folding.
+            self.missing_start = f"the run starts at event {record.seq}: earlier files are missing"
+            self.stop(self.missing_start)
+            return
+        self.state = result.state = new_state(self.config, world_size=record.world_size)
+
+    def on_snapshot(self, record: Snapshot) -> None:
+        """While folding: the live state must have the snapshot's digest."""
+        state = self._live(record.seq)
+        if state is None:
+            self.after_stop(record)
+            return
+        got = state_digest(state)
+        self.result.snapshots_checked += 1
+        if got != record.digest:
+            self.diverge(Divergence(
+                seq=record.seq, kind="digest", event=None, expected=record.digest, got=got,
+                detail=f"state digest before event {record.seq} differs from the snapshot's",
+            ))
+
+    def restore(self, record: Snapshot) -> None:
+        """Start folding again at ``record`` (the state before it is unknown)."""
+        result = self.result
+        if self.config is None or result.header is None:
+            return
+        try:
+            state = snapshot.from_wire(record.state, self.config)
+        except LogCorrupt as error:
+            result.lost.append(f"the snapshot before event {record.seq} does not decode: "
+                               f"{error}")
+            return
+        if state.world_size != result.header.world_size:
+            result.lost.append(f"the snapshot before event {record.seq} has world size "
+                               f"{state.world_size}, the header {result.header.world_size}")
+            return
+        got = state_digest(state)
+        if got != record.digest:
+            result.lost.append(f"the snapshot before event {record.seq} rebuilds a state with "
+                               f"digest {got}, recorded {record.digest}")
+            return
+        self.state = result.state = state
+        self.next_seq = record.seq
+        self.folding = True
+        result.stopped = ""
+        result.snapshots_loaded.append(record.seq)
+        if not result.events_applied:
+            result.first_seq = record.seq
 
     def _live(self, seq: int) -> State | None:
         """The state, if events numbered from ``seq`` can be applied to it now."""
@@ -260,7 +337,13 @@ class _Fold:
         self.on_digest(record)
 
     def on_gap(self, record: Gap) -> None:
-        self.lose(f"{record.lost_count} record(s) lost by the writer before event {record.seq}")
+        if self.schema >= 3:  # a schema 3 GAP counts events, from the first lost one
+            last = record.seq + record.lost_count - 1
+            self.lose(f"{record.lost_count} event(s) lost by the writer "
+                      f"(events {record.seq}..{last})")
+        else:
+            self.lose(f"{record.lost_count} record(s) lost by the writer before event "
+                      f"{record.seq}")
 
     def on_rejected(self, record: Rejected) -> None:
         state = self._live(record.seq)
@@ -274,7 +357,7 @@ class _Fold:
             self.result.rejection = Rejection(
                 seq=record.seq, event=event, recorded_reason=record.reason, reproduced=True,
                 reproduced_reason=_reason(error))
-            self.stop(f"the core rejected event {record.seq}")
+            self.stop(f"the core rejected event {record.seq}", resumable=False)
             return
         self.result.events_applied += 1
         self.next_seq = record.seq + 1
@@ -296,4 +379,5 @@ _ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
     End: _Fold.on_end,
     Gap: _Fold.on_gap,
     Rejected: _Fold.on_rejected,
+    Snapshot: _Fold.on_snapshot,
 }

@@ -157,3 +157,48 @@ def test_unicode_digit_string_for_a_count_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config({f"{P}_threshold": "²"})
     assert raised.value.key == f"{P}_threshold"
+
+
+# --------------------------------------------------------------------------
+# Disk use of the event log.
+
+
+def test_log_disk_bounds_default_to_1024_and_64_mib() -> None:
+    config = parse_config({})
+    assert (config.log_max_total_mib, config.log_max_file_mib) == (1024.0, 64.0)
+
+
+def test_log_disk_bounds_accept_numbers_and_numeric_strings() -> None:
+    config = parse_config({f"{P}_log_max_total_mib": "0.5", f"{P}_log_max_file_mib": 0.125})
+    assert (config.log_max_total_mib, config.log_max_file_mib) == (0.5, 0.125)
+    wire = config.to_wire()
+    assert (wire[f"{P}_log_max_total_mib"], wire[f"{P}_log_max_file_mib"]) == (0.5, 0.125)
+
+
+@pytest.mark.parametrize("suffix", ["_log_max_total_mib", "_log_max_file_mib"])
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, "lots", True, None])
+def test_bad_log_disk_bounds_name_key_value_and_allowed(suffix: str, value: object) -> None:
+    key = P + suffix
+    with pytest.raises(ConfigError) as raised:
+        parse_config({key: value})
+    assert raised.value.key == key
+    assert "finite number > 0" in str(raised.value) and key in str(raised.value)
+
+
+def test_a_file_bound_above_the_total_is_refused() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config({f"{P}_log_max_total_mib": 32, f"{P}_log_max_file_mib": 64})
+    assert raised.value.key == f"{P}_log_max_file_mib"
+    assert f"{P}_log_max_total_mib" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggestion"),
+    [
+        (f"{P}_log_max_total_mb", f"{P}_log_max_total_mib"),
+        (f"{P}_log_max_file_mb", f"{P}_log_max_file_mib"),
+    ],
+)
+def test_a_misspelt_log_bound_suggests_the_key(typo: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean {suggestion!r}"):
+        parse_config({typo: 8})
