@@ -169,6 +169,7 @@ class EventLogWriter:
         self._outage_lost = 0  # events dropped since the I/O failure
         self._next_retry = 0.0
         self._due = False  # the writer wants a rotation (size bound, or space is back)
+        self._due_since = 0.0
         self._resumes = 0
         self._files_deleted = 0
         self._bytes_deleted = 0
@@ -456,8 +457,9 @@ class EventLogWriter:
             if self._auto_rotate:
                 self._rotate()
             elif (not self._rotate_pending
-                  and self._file_bytes + len(record) > 2 * self._max_file_bytes):
-                # The producer never answered rotation_due: keep the bound anyway.
+                  and self._file_bytes + len(record) > 2 * self._max_file_bytes
+                  and time.monotonic() - self._due_since > _PRODUCER_PATIENCE_S):
+                # The producer has not answered rotation_due: keep the bound anyway.
                 # (A queued rotation is coming: the items before it go here.)
                 if not self._warned_plain_rotation:
                     self._warned_plain_rotation = True
@@ -465,7 +467,7 @@ class EventLogWriter:
                                f"(file past twice {self._max_file_bytes} bytes)")
                 self._rotate()
             else:
-                self._due = True
+                self._set_due()
             if self._broken is not None:
                 if not is_gap:
                     self._items_lost += 1
@@ -483,17 +485,22 @@ class EventLogWriter:
             self._items_written += 1
         self._file_records += 1
         if not self._auto_rotate and self._file_bytes >= self._max_file_bytes:
+            self._set_due()
+
+    def _set_due(self) -> None:
+        if not self._due:
             self._due = True
+            self._due_since = time.monotonic()
 
     def _on_rotate(self, first: object | None) -> None:
         """A rotation the producer asked for (``first``: the new file's first
         record after the header), or, while broken, the attempt to resume."""
+        gap = None
         try:
-            gap = None
-            if self._broken is not None and self._outage_lost:
-                # Encoded before ``first``: a gap names the first lost event.
-                gap = frame(self._encode(self._make_gap(self._outage_lost)))
             record = frame(self._encode(first)) if first is not None else None
+            if record is not None and self._broken is not None and self._outage_lost:
+                # Encoded after ``first`` (whose place it tells), written before it.
+                gap = frame(self._encode(self._make_gap(self._outage_lost)))
         except Exception as exc:
             self._encode_errors += 1
             if not self._warned_encode:
@@ -503,13 +510,7 @@ class EventLogWriter:
         finally:
             self._rotate_pending = False
         if self._broken is None:
-            self._rotate()
-            if record is not None and self._broken is None:
-                self._write_record(record)
-                if self._broken is None:
-                    self._file_records += 1
-                    self._items_written += 1
-            self._enforce_retention()
+            self._rotate(record)
             return
         self._resume(gap, record)
 
@@ -533,7 +534,7 @@ class EventLogWriter:
             with contextlib.suppress(OSError):
                 path.unlink()
         self._enforce_retention()  # before the new file, not after: make room first
-        self._due = True
+        self._set_due()
 
     def _resume(self, gap: bytes | None, record: bytes | None) -> None:
         """Open the next file with header, gap and ``record``, synced; on any
@@ -636,7 +637,8 @@ class EventLogWriter:
             if self._broken is None:
                 self._fail(exc)
 
-    def _rotate(self) -> None:
+    def _rotate(self, first: bytes | None = None) -> None:
+        """Close the file, open the next (header, then ``first``), apply retention."""
         self._close_file()
         if self._broken is not None:
             return
@@ -647,6 +649,12 @@ class EventLogWriter:
         except Exception as exc:  # make_header/encode failed: file lacks its header
             self._encode_errors += 1
             self._warn(f"event log: failed to write header of {self._files[-1]}: {exc!r}")
+        if first is not None and self._file is not None and self._broken is None:
+            self._write_record(first)
+            if self._broken is None:
+                self._file_records += 1
+                self._items_written += 1
+        self._enforce_retention()
 
     def _open_next_file(self) -> None:
         self._seqno += 1
@@ -697,6 +705,7 @@ class EventLogWriter:
                 self._warn(f"event log: retention in {self._dir} failed: {exc!r}")
 
 
+_PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
 _open = open  # the writer's only way to open files (tests replace it to inject failures)
 
 

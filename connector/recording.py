@@ -141,6 +141,7 @@ class _Encoder:
         self._next_seq = 0
         self._item_seq = 0
         self._header_payload = b""
+        self._after_snapshot = False
         self._pub_endpoint = pub_endpoint
         self._socket: Any = None
         self._context: Any = None
@@ -150,6 +151,7 @@ class _Encoder:
 
     def __call__(self, item: Any) -> bytes:
         kind = item[0]
+        after_snapshot, self._after_snapshot = self._after_snapshot, kind == SNAPSHOT
         created = self._created_s
         # The writer encodes an item before it knows that the item starts a
         # new file, so a header's seq is the first event of the last item.
@@ -167,8 +169,12 @@ class _Encoder:
                 self._publish(self._header_payload)  # late subscribers get the context
             payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
         elif kind == GAP:
-            payload = encode_gap(self._next_seq, round((time.time() - created) * 1000.0),
-                                 item[1])
+            # A gap names the first lost event: the next one to come, or, for the
+            # gap of a log resuming after an I/O failure (encoded right after the
+            # snapshot that follows it in the file), the events before the snapshot.
+            lost = item[1]
+            first = self._next_seq - lost if after_snapshot else self._next_seq
+            payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)

@@ -79,14 +79,27 @@ class _Encoding:
         self.tables: dict[type[Any], list[Any]] = {cls: [] for cls in _SHARED}
 
     def ref(self, obj: Any) -> int:
-        key = id(obj)
-        found = self.index.get(key)
+        found = self.index.get(id(obj))
         if found is not None:
             return found
         table = self.tables[type(obj)]
-        self.index[key] = len(table)
+        self.index[id(obj)] = index = len(table)
         table.append(obj)
-        return len(table) - 1
+        return index
+
+
+def _ref(value: Any, encoding: _Encoding) -> int:
+    found = encoding.index.get(id(value))
+    return found if found is not None else encoding.ref(value)
+
+
+def _refs(values: Any, encoding: _Encoding) -> tuple[int, ...]:
+    get, ref = encoding.index.get, encoding.ref
+    out = []
+    for value in values:
+        found = get(id(value))
+        out.append(found if found is not None else ref(value))
+    return tuple(out)
 
 
 class _Decoding:
@@ -115,7 +128,7 @@ def _codec(tp: Any, where: str) -> tuple[Encode | None, Decode | None]:
         return (lambda v, _: v.value), (lambda v, _: enum_type(v))
     if tp in _SHARED:
         shared = tp
-        return (lambda v, enc: enc.ref(v)), (lambda v, dec: dec.tables[shared][v])
+        return _ref, (lambda v, dec: dec.tables[shared][v])
     if tp in _INLINE:
         record = _record(tp)
         return record.encode, record.decode
@@ -138,6 +151,9 @@ def _codec(tp: Any, where: str) -> tuple[Encode | None, Decode | None]:
                 (lambda v, c: tuple(d(x, c) for d, x in zip(decs, v, strict=True))))
     if origin is list:
         enc, dec = _codec(args[0], where)
+        if enc is _ref and dec is not None:
+            item_dec = dec
+            return _refs, (lambda v, c: [item_dec(x, c) for x in v])
         return _sequence(enc or _identity, dec or _identity, list)
     if origin is set:
         enc, dec = _codec(args[0], where)
@@ -175,7 +191,11 @@ def _union(args: tuple[Any, ...], where: str) -> tuple[Encode | None, Decode | N
     encs = [e or _identity for e, _ in codecs]
     decs = [d or _identity for _, d in codecs]
 
+    first, first_enc = runtime[0], encs[0]
+
     def encode(value: Any, c: _Encoding) -> Any:
+        if type(value) is first:
+            return (0, first_enc(value, c))
         if value is None:
             return None
         for index, cls in enumerate(runtime):

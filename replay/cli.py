@@ -104,6 +104,9 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
         "events_applied": result.events_applied,
         "records": result.records,
         "digests_checked": result.digests_checked,
+        "snapshots_checked": result.snapshots_checked,
+        "first_seq": result.first_seq,
+        "snapshots_loaded": result.snapshots_loaded,
         "ended_cleanly": result.ended_cleanly,
         "divergence": None if divergence is None else {
             "seq": divergence.seq, "kind": divergence.kind,
@@ -134,6 +137,10 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(f"{result.events_applied} events replayed from {result.records} records, "
           f"{result.digests_checked} digests checked"
           + (", clean end" if result.ended_cleanly else ", no END record"), file=out)
+    for seq in result.snapshots_loaded:
+        print(f"started from the snapshot before event {seq}"
+              + (" (the files before it are missing)" if seq == result.first_seq else
+                 " (after the loss above)"), file=out)
     if divergence is not None:
         print(f"DIVERGED at seq {divergence.seq} ({divergence.kind}): {divergence.detail}",
               file=out)

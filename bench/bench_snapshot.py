@@ -1,0 +1,93 @@
+"""Cost of a state snapshot (not a timed test).
+
+    .venv/bin/python -m bench.bench_snapshot [--ops 5000] [--requests 500] [--repeat 5]
+
+The recorder takes a snapshot on the scheduler thread once per log rotation
+(every ``lmcache.mp.lazy_offload_log_max_file_mib``, 64 MiB by default):
+``codec.state_digest`` plus ``snapshot.to_wire``. Packing it to msgpack
+happens on the writer thread; ``from_wire`` only in ``replay``. This builds a
+large state (``--ops`` buffered ops over ``--requests`` running requests,
+nothing drained: a FIFO threshold nobody reaches, and an EVICTION_AWARE
+state whose blocks are indexed in ``owners``) and prints, per policy, the
+median time of each part and the snapshot's packed size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from offload_fsm import snapshot
+from offload_fsm.codec import packb, state_digest, unpackb
+from offload_fsm.config import OffloadConfig, Policy
+from offload_fsm.events import CandidateOffered, RequestArrived
+from offload_fsm.machine import step
+from offload_fsm.state import State, new_state
+
+
+def build(policy: Policy, *, ops: int, requests: int, blocks_per_op: int = 2) -> State:
+    config = OffloadConfig(enabled=True, policy=policy, threshold=10**9, select_count=1)
+    state = new_state(config, world_size=2)
+    per_request = max(1, ops // requests)
+    block = 0
+    for r in range(requests):
+        req_id = f"req-{r}"
+        step(state, RequestArrived(req_id=req_id))
+        for i in range(per_request):
+            ids = tuple(range(block, block + blocks_per_op))
+            block += blocks_per_op
+            step(state, CandidateOffered(
+                req_id=req_id, start_token=i * 64, end_token=(i + 1) * 64, block_ids=ids,
+                block_hashes=tuple(b + 1 for b in ids), time_s=0.0, blocks_per_chunk=1))
+    buffered = sum(len(rec.ops) for rec in state.requests.values())
+    assert buffered == per_request * requests, buffered
+    return state
+
+
+def _median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000.0
+
+
+def measure(state: State, repeat: int) -> dict[str, float]:
+    wire = snapshot.to_wire(state)
+    packed = packb(wire)
+    decoded = unpackb(packed)
+    assert state_digest(snapshot.from_wire(decoded, state.config)) == state_digest(state)
+    return {
+        "ops": sum(len(rec.ops) for rec in state.requests.values()),
+        "digest_ms": _median_ms(lambda: state_digest(state), repeat),
+        "to_wire_ms": _median_ms(lambda: snapshot.to_wire(state), repeat),
+        "pack_ms": _median_ms(lambda: packb(wire), repeat),
+        "from_wire_ms": _median_ms(lambda: snapshot.from_wire(decoded, state.config), repeat),
+        "kib": len(packed) / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=5000)
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{'policy':<16}{'ops':>7}{'digest ms':>11}{'to_wire ms':>12}{'scheduler ms':>14}"
+          f"{'pack ms':>9}{'from_wire ms':>14}{'KiB':>8}")
+    for policy in Policy:
+        state = build(policy, ops=args.ops, requests=args.requests)
+        row = measure(state, args.repeat)
+        print(f"{policy.value:<16}{row['ops']:>7}{row['digest_ms']:>11.2f}"
+              f"{row['to_wire_ms']:>12.2f}{row['digest_ms'] + row['to_wire_ms']:>14.2f}"
+              f"{row['pack_ms']:>9.2f}{row['from_wire_ms']:>14.2f}{row['kib']:>8.0f}")
+    print("scheduler ms = digest + to_wire: the scheduler thread's cost, once per rotation")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+"""Disk use of the event log: every file replays alone (header + snapshot),
+the directory stays within its bound, a full disk costs events but not the
+log, and a bad log directory is handled at start-up."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector import eventlog
+from connector.recording import EventRecorder
+from offload_fsm.config import OffloadConfig
+from offload_fsm.events import Event
+from offload_fsm.logformat import Gap, Header, Inputs, Snapshot
+from offload_fsm.machine import Outcome
+from offload_fsm.state import State
+from offload_fsm.testing.synthetic import default_config, run_workload
+from replay.cli import main
+from replay.reader import read_file
+from replay.runner import replay
+
+VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
+
+
+def _recorder(directory: Path, prefix: str = "run", **options: Any) -> EventRecorder:
+    return EventRecorder(default_config(), 2, str(directory), VERSIONS, prefix=prefix,
+                         register_atexit=False, **options)
+
+
+def _records(path: Path) -> list[Any]:
+    return [entry.record for entry in read_file(path) if hasattr(entry, "record")]
+
+
+def _verify(path: Path) -> int:
+    return main(["verify", str(path)], out=open(os.devnull, "w"), err=open(os.devnull, "w"))
+
+
+# --------------------------------------------------------------------------
+# Every file replays alone.
+
+
+def test_every_file_after_the_first_starts_with_header_then_snapshot(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path, max_file_bytes=16_000, digest_every=100)
+    world = run_workload(requests=200, seed=5, pool_blocks=64, concurrency=8,
+                         sink=recorder.record)
+    recorder.close(world.state)
+    files = sorted(tmp_path.glob("*.lolog"))
+    assert len(files) >= 4
+    assert recorder.snapshots == len(files) - 1
+    for index, path in enumerate(files):
+        kinds = [type(r) for r in _records(path)]
+        assert kinds[0] is Header
+        assert Header not in kinds[1:]
+        if index:
+            assert kinds[1] is Snapshot
+            assert Snapshot not in kinds[2:]
+            header, snap = _records(path)[:2]
+            assert header.seq == snap.seq
+        else:
+            assert Snapshot not in kinds
+    whole = replay(tmp_path)
+    assert whole.ok and whole.ended_cleanly and whole.events_applied == len(world.applied)
+    assert whole.snapshots_checked == len(files) - 1
+    for path in files[1:]:
+        alone = replay(path)
+        assert alone.ok, (path.name, alone.lost, alone.damage, alone.divergence)
+        assert alone.snapshots_loaded == [alone.first_seq]
+        assert alone.first_seq + alone.events_applied == (
+            whole.events_applied if path == files[-1] else _records(
+                files[files.index(path) + 1])[0].seq)
+        assert _verify(path) == 0
+
+
+def test_a_snapshot_that_does_not_match_its_digest_is_not_trusted(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path, max_file_bytes=16_000)
+    world = run_workload(requests=80, seed=5, pool_blocks=64, concurrency=8,
+                         sink=recorder.record)
+    recorder.close(world.state)
+    second = sorted(tmp_path.glob("*.lolog"))[1]
+    records = _records(second)
+    from offload_fsm.framing import frame
+    from offload_fsm.logformat import encode_record
+
+    header, snap = records[0], records[1]
+    forged = Snapshot(seq=snap.seq, wall_time_s=snap.wall_time_s, digest="0" * 16,
+                      state=snap.state)
+    tail = second.read_bytes()[len(frame(encode_record(header, created_s=header.created_s)))
+                               + len(frame(encode_record(snap, created_s=header.created_s))):]
+    second.write_bytes(frame(encode_record(header, created_s=header.created_s))
+                       + frame(encode_record(forged, created_s=header.created_s)) + tail)
+    alone = replay(second)
+    assert not alone.ok and alone.events_applied == 0
+    assert any("rebuilds a state with digest" in line for line in alone.lost)
+    whole = replay(tmp_path)  # folding through: the live state differs from the forged digest
+    assert whole.divergence is not None and whole.divergence.kind == "digest"
+
+
+# --------------------------------------------------------------------------
+# Retention.
+
+
+def _total(directory: Path) -> int:
+    total = 0
+    for path in directory.glob("*.lolog"):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # deleted by retention meanwhile
+            pass
+    return total
+
+
+class _Watch:
+    """A sink that records, and samples the directory's total now and then."""
+
+    def __init__(self, recorder: EventRecorder, directory: Path) -> None:
+        self.recorder = recorder
+        self.directory = directory
+        self.calls = 0
+        self.max_total = 0
+
+    def __call__(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        self.recorder.record(applied, state)
+        self.calls += 1
+        if self.calls % 50 == 0:
+            time.sleep(0.002)  # let the writer thread catch up, as real steps do
+            self.max_total = max(self.max_total, _total(self.directory))
+
+
+def test_retention_keeps_the_directory_within_its_bound(tmp_path: Path) -> None:
+    max_file, max_total = 12_000, 40_000
+    recorder = _recorder(tmp_path, max_file_bytes=max_file, max_total_bytes=max_total)
+    watch = _Watch(recorder, tmp_path)
+    world = run_workload(requests=400, seed=7, pool_blocks=64, concurrency=8, sink=watch)
+    recorder.close(world.state)
+    files = sorted(tmp_path.glob("*.lolog"))
+    assert len(files) >= 2
+    biggest = max(p.stat().st_size for p in files)
+    assert watch.max_total <= max_total + 2 * max_file
+    assert _total(tmp_path) <= max_total + biggest
+    assert files[0].name != "run-000000.lolog"  # the oldest went first
+    numbers = [int(p.stem.rsplit("-", 1)[1]) for p in files]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # a suffix is left
+    for path in files:
+        alone = replay(path)
+        assert alone.ok, (path.name, alone.lost, alone.damage)
+    remaining = replay(tmp_path)
+    assert remaining.ok and remaining.ended_cleanly
+    assert remaining.first_seq > 0
+    assert remaining.first_seq + remaining.events_applied == len(world.applied)
+
+
+def test_a_second_run_deletes_the_first_runs_oldest_files_first(tmp_path: Path) -> None:
+    max_file, max_total = 12_000, 60_000
+    first = _recorder(tmp_path, prefix="a", max_file_bytes=max_file, max_total_bytes=10**9)
+    world = run_workload(requests=250, seed=3, pool_blocks=64, concurrency=8,
+                         sink=first.record)
+    first.close(world.state)
+    first_files = sorted(tmp_path.glob("a-*.lolog"))
+    assert _total(tmp_path) > max_total
+    time.sleep(0.02)  # distinct modification times
+    second = _recorder(tmp_path, prefix="b", max_file_bytes=max_file, max_total_bytes=max_total)
+    world = run_workload(requests=60, seed=4, pool_blocks=64, concurrency=8,
+                         sink=second.record)
+    second.close(world.state)
+    left = sorted(tmp_path.glob("a-*.lolog"))
+    assert left == first_files[len(first_files) - len(left):]  # oldest deleted, newest kept
+    assert len(left) < len(first_files)
+    assert sorted(tmp_path.glob("b-*.lolog"))[0].name == "b-000000.lolog"
+    assert _total(tmp_path) <= max_total + max_file * 2
+    for path in left:
+        assert replay(path).ok
+    assert main(["verify", str(tmp_path), "--prefix", "b"], out=open(os.devnull, "w")) == 0
+
+
+def test_retention_never_deletes_the_file_being_written(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path, max_file_bytes=5_000, max_total_bytes=5_000)
+    world = run_workload(requests=120, seed=2, pool_blocks=64, concurrency=8,
+                         sink=recorder.record)
+    recorder.close(world.state)
+    files = sorted(tmp_path.glob("*.lolog"))
+    assert len(files) == 1 and replay(files[0]).ok
+
+
+# --------------------------------------------------------------------------
+# A full disk.
+
+
+class _FlakyDisk:
+    """``eventlog._open`` whose files raise ENOSPC on write and flush while ``full``."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.probes = 0
+
+    def open(self, path: Any, mode: str, buffering: int = -1) -> Any:
+        if str(path).endswith(".probe"):
+            self.probes += 1
+        return _FlakyFile(builtins.open(path, mode, buffering=buffering), self)
+
+
+class _FlakyFile:
+    def __init__(self, f: Any, disk: _FlakyDisk) -> None:
+        self._f = f
+        self._disk = disk
+
+    def _check(self) -> None:
+        if self._disk.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def write(self, data: bytes) -> int:
+        self._check()
+        return int(self._f.write(data))
+
+    def flush(self) -> None:
+        self._check()
+        self._f.flush()
+
+    def fileno(self) -> int:
+        return int(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> _FlakyFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _wait(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+class _Outage:
+    """A sink that fills the disk at call ``start`` and frees it at call ``end``."""
+
+    def __init__(self, recorder: EventRecorder, disk: _FlakyDisk, start: int, end: int,
+                 hold_s: float) -> None:
+        self.recorder, self.disk = recorder, disk
+        self.start, self.end, self.hold_s = start, end, hold_s
+        self.calls = 0
+        self.outage_s = 0.0
+
+    def __call__(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        self.recorder.record(applied, state)
+        self.calls += 1
+        writer = self.recorder.writer
+        assert writer is not None
+        if self.calls == self.start:
+            self.disk.full = True
+        elif self.calls == self.start + 1:
+            _wait(lambda: writer.broken)
+            began = time.monotonic()
+            time.sleep(self.hold_s)  # events keep coming, and are lost, while it is full
+            self.outage_s = time.monotonic() - began
+        elif self.calls == self.end:
+            self.disk.full = False
+            _wait(lambda: writer.rotation_due)
+
+
+def test_a_full_disk_costs_events_and_the_log_resumes_when_space_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _FlakyDisk()
+    monkeypatch.setattr(eventlog, "_open", disk.open)
+    warnings: list[str] = []
+    monkeypatch.setattr(eventlog._log, "warning", lambda message, *a: warnings.append(message))
+    recorder = _recorder(tmp_path, retry_interval_s=0.05, digest_every=100)
+    sink = _Outage(recorder, disk, start=100, end=300, hold_s=0.3)
+    world = run_workload(requests=120, seed=5, pool_blocks=64, concurrency=8, sink=sink)
+    recorder.close(world.state)
+    # The writer probed at most once per retry interval while the disk was full.
+    assert 1 <= disk.probes <= sink.outage_s / 0.05 + 3
+    assert len([w for w in warnings if "I/O error" in w]) == 1
+    assert "ENOSPC" in repr(warnings) or "No space left" in " ".join(warnings)
+    (resumed,) = [w for w in warnings if "resumed" in w]
+    files = sorted(tmp_path.glob("*.lolog"))
+    assert len(files) == 2
+    header, gap, snap = _records(files[1])[:3]
+    assert (type(header), type(gap), type(snap)) == (Header, Gap, Snapshot)
+    assert header.seq == snap.seq
+    assert gap.seq + gap.lost_count == snap.seq  # the events lost, counted exactly
+    assert gap.lost_count > 0 and f"after {gap.lost_count} lost event(s)" in resumed
+    recorded = [e for r in _records(files[0]) if isinstance(r, Inputs) for e in r.events]
+    assert len(recorded) <= gap.seq  # a torn tail may hold a few more, never written
+    alone = replay(files[1])
+    assert alone.ok and alone.ended_cleanly
+    assert alone.first_seq + alone.events_applied == len(world.applied)
+    whole = replay(tmp_path)  # verified to the outage, the loss reported, verified after
+    assert whole.divergence is None and whole.lost
+    assert whole.snapshots_loaded == [snap.seq]
+    assert whole.events_applied == len(recorded) + len(world.applied) - snap.seq
+    assert main(["verify", str(tmp_path)], out=open(os.devnull, "w"),
+                err=open(os.devnull, "w")) == 3
+
+
+def test_a_full_disk_that_never_frees_keeps_serving_quietly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _FlakyDisk()
+    monkeypatch.setattr(eventlog, "_open", disk.open)
+    warnings: list[str] = []
+    monkeypatch.setattr(eventlog._log, "warning", lambda message, *a: warnings.append(message))
+    recorder = _recorder(tmp_path, retry_interval_s=0.01)
+    disk.full = True
+    started = time.monotonic()
+    world = run_workload(requests=60, seed=5, pool_blocks=64, concurrency=8,
+                         sink=recorder.record)
+    time.sleep(0.1)
+    recorder.close(world.state)
+    elapsed = time.monotonic() - started
+    assert len(warnings) == 1 and "I/O error" in warnings[0]
+    assert recorder.snapshots == 0  # no snapshot is taken while the disk stays full
+    assert disk.probes <= elapsed / 0.01 + 2
+    assert not list(tmp_path.glob(".*.probe"))
+
+
+def _can_mount_tmpfs(target: Path) -> bool:
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        return False
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(target)],
+                            capture_output=True, timeout=10)
+    return result.returncode == 0
+
+
+def test_a_real_full_tmpfs(tmp_path: Path) -> None:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if not _can_mount_tmpfs(mount):
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission); the "
+                    "injected-failure tests above cover the same paths")
+    recorder: EventRecorder | None = None
+    try:
+        logs = mount / "logs"
+        recorder = _recorder(logs, retry_interval_s=0.05, max_file_bytes=48_000,
+                             max_total_bytes=96_000)
+        filler = mount / "filler"
+        state: dict[str, Any] = {"calls": 0}
+
+        def sink(applied: Sequence[tuple[Event, Outcome]], s: State) -> None:
+            assert recorder is not None
+            recorder.record(applied, s)
+            state["calls"] += 1
+            writer = recorder.writer
+            assert writer is not None
+            if state["calls"] == 200:
+                time.sleep(0.05)
+                with open(filler, "wb", buffering=0) as f:  # fill the tmpfs to the last byte
+                    try:
+                        while True:
+                            f.write(b"\0" * 4096)
+                    except OSError:
+                        pass
+            elif state["calls"] == 400:
+                _wait(lambda: writer.broken)
+            elif state["calls"] == 600:
+                filler.unlink()
+                _wait(lambda: writer.rotation_due)
+
+        world = run_workload(requests=160, seed=6, pool_blocks=64, concurrency=8, sink=sink)
+        recorder.close(world.state)
+        files = sorted(logs.glob("*.lolog"))
+        gaps = [r for p in files for r in _records(p) if isinstance(r, Gap)]
+        assert gaps and gaps[0].lost_count > 0
+        assert replay(files[-1]).ok
+    finally:
+        if recorder is not None:
+            recorder.close()  # idempotent; no open file may keep the mount busy
+        if subprocess.run(["umount", str(mount)], check=False, timeout=10).returncode:
+            subprocess.run(["umount", "-l", str(mount)], check=False, timeout=10)
+
+
+# --------------------------------------------------------------------------
+# A log directory that cannot be written at start.
+
+
+@pytest.fixture(scope="module")
+def make_recorder() -> Any:
+    from connector.lmcache_connector import _make_recorder
+
+    return _make_recorder
+
+
+def _unwritable(tmp_path: Path) -> Path:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    return blocker / "logs"  # cannot be created, even by root
+
+
+def test_a_configured_unwritable_log_dir_fails_start_up_naming_key_path_and_error(
+        tmp_path: Path, make_recorder: Any) -> None:
+    from offload_fsm.config import ConfigError
+
+    path = _unwritable(tmp_path)
+    config = OffloadConfig(enabled=True, log_dir=str(path))
+    with pytest.raises(ConfigError) as raised:
+        make_recorder(config, 1)
+    message = str(raised.value)
+    assert raised.value.key == "lmcache.mp.lazy_offload_log_dir"
+    assert "lmcache.mp.lazy_offload_log_dir" in message and str(path) in message
+    assert "Not a directory" in message or "File exists" in message
+
+
+def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
+        tmp_path: Path, make_recorder: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import connector.lmcache_connector as module
+
+    monkeypatch.delenv(module.DEFAULT_LOG_DIR_ENV, raising=False)
+    monkeypatch.setattr(module, "DEFAULT_LOG_DIR", str(_unwritable(tmp_path)))
+    with caplog.at_level("WARNING"):
+        assert make_recorder(OffloadConfig(enabled=True), 1) is None
+    (record,) = [r for r in caplog.records if "event log directory" in r.getMessage()]
+    assert "serving continues without an event log" in record.getMessage()
+
+
+def test_a_writable_log_dir_gets_the_configured_bounds(tmp_path: Path,
+                                                       make_recorder: Any) -> None:
+    config = OffloadConfig(enabled=True, log_dir=str(tmp_path / "logs"),
+                           log_max_total_mib=2.0, log_max_file_mib=0.5)
+    recorder = make_recorder(config, 1)
+    try:
+        writer = recorder.writer
+        assert writer._max_file_bytes == 512 * 1024
+        assert writer._max_total_bytes == 2 * 1024 * 1024
+    finally:
+        recorder.close()
