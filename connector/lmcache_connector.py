@@ -12,6 +12,19 @@ this class swaps in :class:`connector.manager.EventSourcedManager`.
 * true: the lazy keys are validated at construction in both roles (a bad
   value fails start-up naming the key), prefix caching is required, and the
   event log is on by default (``lmcache.mp.lazy_offload_log_dir``).
+
+Fail fast: the same validation (:func:`check_extra_config`, the same
+messages) runs at the earliest points vLLM hands the class its config, before
+any worker loads weights: the class methods vLLM calls while it resolves the
+engine's config (``requires_piecewise_for_cudagraph``,
+``get_required_kvcache_layout``, ``build_prom_metrics``) and, through the
+plugin (``connector.plugin``), every resolution of the connector class,
+which the front end does in ``VllmConfig.__post_init__``.
+
+Metrics: :meth:`get_kv_connector_stats` returns LMCache's lookup stats plus the
+lazy-offload counter deltas and gauges (``connector.metrics``); the class
+methods ``build_kv_connector_stats`` and ``build_prom_metrics`` turn them into
+the "KV Transfer metrics" log line and ``vllm:lazy_offload_*`` on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -22,10 +35,12 @@ from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
+from connector import metrics
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
-from offload_fsm.config import PREFIX, ConfigError, OffloadConfig
+from offload_fsm.config import PREFIX, ConfigError, OffloadConfig, Policy
+from offload_fsm.decisions import SelectReason
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
 DEFAULT_LOG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lazy-offload", "logs")
@@ -37,30 +52,95 @@ def _prefix_caching_on(vllm_config: Any) -> bool:
     return bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
 
 
+def check_extra_config(extra_config: Any) -> OffloadConfig:
+    """Parse the lazy-offload keys of ``kv_connector_extra_config``; raises
+    :class:`ConfigError` (key, value, what is allowed) on the first bad one."""
+    return parse_config(dict(extra_config or {}))
+
+
+def check_vllm_config(vllm_config: Any) -> OffloadConfig:
+    """:func:`check_extra_config`, then the settings lazy offload needs from
+    vLLM itself (prefix caching)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    config = check_extra_config(getattr(transfer, "kv_connector_extra_config", None))
+    cache = getattr(vllm_config, "cache_config", None)
+    if config.enabled and cache is not None and not _prefix_caching_on(vllm_config):
+        raise ValueError(
+            "lmcache.mp.lazy_offload requires vLLM prefix caching: start vLLM with "
+            "--enable-prefix-caching (LLM(..., enable_prefix_caching=True)), or set "
+            "lmcache.mp.lazy_offload to false"
+        )
+    return config
+
+
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
-        config = parse_config(extra)
-        if config.enabled and not _prefix_caching_on(vllm_config):
-            raise ValueError(
-                "lmcache.mp.lazy_offload requires vLLM prefix caching: start vLLM with "
-                "--enable-prefix-caching (LLM(..., enable_prefix_caching=True)), or set "
-                "lmcache.mp.lazy_offload to false"
-            )
+        self._stats_source: metrics.StatsSource | None = None
+        config = check_vllm_config(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
         self.offload_config = config
         if not config.enabled or not hasattr(self, "_lazy_offload_manager"):
             return  # eager, or the worker role: LMCache's own code throughout
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
+        recorder = _make_recorder(config, world_size)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
             group_tokens_per_block=list(self._group_tokens_per_block),
             step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
-            recorder=_make_recorder(config, world_size),
+            recorder=recorder,
         )
+        self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
+
+    # -- fail fast: vLLM calls these with the config before weights load ---
+
+    @classmethod
+    def check_lazy_offload_config(cls, extra_config: Any) -> None:
+        """Called by ``connector.plugin`` whenever vLLM resolves this class."""
+        check_extra_config(extra_config)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        check_extra_config(extra_config)
+        return bool(super().requires_piecewise_for_cudagraph(extra_config))
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        check_vllm_config(vllm_config)
+        layout: str | None = super().get_required_kvcache_layout(vllm_config)
+        return layout
+
+    # -- metrics (connector.metrics) ---------------------------------------
+
+    def get_kv_connector_stats(self) -> metrics.LazyOffloadConnectorStats | None:
+        """LMCache's lookup latencies since the last call plus lazy offload's
+        counter deltas and changed gauges; None when nothing changed."""
+        return metrics.get_stats(self._stats_source, super().get_kv_connector_stats())
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> metrics.LazyOffloadConnectorStats:
+        return metrics.LazyOffloadConnectorStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        config = check_vllm_config(vllm_config)
+        if not config.enabled:
+            return super().build_prom_metrics(vllm_config, metric_types, labelnames,
+                                              per_engine_labelvalues)
+        primary = SelectReason.FIFO if config.policy is Policy.FIFO else \
+            SelectReason.WINDOW
+        return metrics.LazyOffloadPromMetrics(vllm_config, metric_types, labelnames,
+                                              per_engine_labelvalues, primary_reason=primary)
 
     def reset_cache(self) -> Any:
         result = super().reset_cache()

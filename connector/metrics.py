@@ -1,0 +1,350 @@
+"""Lazy-offload metrics through vLLM's own connector-stats path.
+
+The path (vLLM 0.32): every scheduler step, ``Scheduler.update_from_output``
+asks the connector for :meth:`get_kv_connector_stats` and merges it with the
+workers' stats (``aggregate``); the plain ``data`` dict crosses to the front
+end, where ``KVConnectorProm`` feeds it to the object returned by the
+connector class's ``build_prom_metrics`` (``observe``) and ``KVConnectorLogging``
+folds the payloads of one logging interval (``build_kv_connector_stats``,
+``aggregate``, ``reduce``) into the "KV Transfer metrics" log line.
+
+Primitives:
+
+* :class:`LazyOffloadConnectorStats`: LMCache's ``LMCacheMPConnectorStats``
+  (its lookup latencies kept as they are) plus two dicts: counter deltas by
+  :class:`offload_fsm.counters.Counter` name, and gauges (latest value wins).
+* :class:`StatsSource`: scheduler side, one per connector: what changed since
+  the last call, read from the manager (the core's state, read only); ``None``
+  when nothing did, so an idle engine sends nothing.
+* :class:`LazyOffloadPromMetrics`: the Prometheus families (``vllm:lazy_offload_*``)
+  next to LMCache's ``vllm:lmcache_mp_lookup_duration_seconds``.
+* :data:`COUNTER_FAMILIES`, :data:`GAUGES`: the metric table (every counter of
+  the core is exported; a test checks the table covers them all).
+
+Cheap to import in the front-end process: no torch here (the LMCache module
+below imports vLLM's config and ``prometheus_client`` only).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from lmcache.integration.vllm.lmcache_mp_metrics import (
+    LMCacheMPConnectorStats,
+    LMCacheMPPromMetrics,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, HELD, REJECTED, SELECTED_BY, Counter
+from offload_fsm.decisions import SelectReason
+
+COUNTERS_KEY: Final = "lazy_offload_counters"
+GAUGES_KEY: Final = "lazy_offload_gauges"
+_LOOKUP: Final = "lookup_duration_seconds"  # LMCache's own key
+METRIC_PREFIX: Final = "vllm:lazy_offload_"
+
+
+@dataclass(frozen=True)
+class CounterFamily:
+    """One Prometheus counter (exposed as ``<name>_total``), optionally with
+    one label whose values each come from one core counter."""
+
+    name: str
+    documentation: str
+    label: str | None
+    members: dict[str, Counter]  # label value ("" when no label) -> core counter
+
+
+def _one(name: str, counter: Counter, documentation: str) -> CounterFamily:
+    return CounterFamily(METRIC_PREFIX + name, documentation, None, {"": counter})
+
+
+def _by(name: str, label: str, members: dict[Any, Counter], documentation: str
+        ) -> CounterFamily:
+    return CounterFamily(METRIC_PREFIX + name, documentation, label,
+                         {key.value: counter for key, counter in members.items()})
+
+
+C = Counter
+COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
+    _one("admitted_ops", C.ADMITTED_OPS, "Store ops admitted to the lazy buffer (the ledger's "
+         "left side)."),
+    _one("admitted_tokens", C.ADMITTED_TOKENS, "Tokens of the admitted store ops."),
+    _by("rejected_ops", "reason", REJECTED, "Offered store ops never admitted, by reason "
+        "(unhashed, prefix_broken, already_stored)."),
+    _by("dropped_ops", "cause", DROPPED_OPS, "Admitted store ops that left the buffer "
+        "without being stored, by cause (duplicate is not a loss)."),
+    _by("dropped_tokens", "cause", DROPPED_TOKENS, "Tokens of the dropped store ops, by cause."),
+    # Selections: every selected op once, by why (see LazyOffloadPromMetrics.observe).
+    CounterFamily(METRIC_PREFIX + "selected_ops", "Store ops selected for a store, by reason "
+                  "(window or fifo: the policy's own rule; overdue, cascade, shielded).",
+                  "reason", {"": C.SELECTED_OPS,
+                             **{r.value: c for r, c in SELECTED_BY.items()}}),
+    _by("holds", "reason", HELD, "Times a due request was held back for a step, by reason "
+        "(drain_cap, pin_budget, in_flight)."),
+    _one("shielded_at_finish_ops", C.SHIELDED_OPS, "Store ops protected at finish to close "
+         "the blind window (EVICTION_AWARE)."),
+    _one("submitted_ops", C.SUBMITTED_OPS, "Store ops submitted to LMCache after verification."),
+    _one("submitted_tokens", C.SUBMITTED_TOKENS, "Tokens of the submitted store ops."),
+    _one("stored_ops", C.STORED_OPS, "Store ops every worker reported stored."),
+    _one("stored_tokens", C.STORED_TOKENS, "Tokens of the stored store ops."),
+    _one("failed_ops", C.FAILED_OPS, "Store ops a worker reported failed."),
+    _one("failed_tokens", C.FAILED_TOKENS, "Tokens of the failed store ops."),
+    _one("abandoned_ops", C.ABANDONED_OPS, "Store ops abandoned in flight (receipt lease "
+         "expired, or in flight at shutdown)."),
+    _one("abandoned_tokens", C.ABANDONED_TOKENS, "Tokens of the abandoned store ops."),
+    _one("abandoned_batches", C.ABANDONED_BATCHES, "Store batches abandoned because their "
+         "receipts did not arrive within lmcache.mp.lazy_offload_receipt_lease_s."),
+    _one("receipts_ignored", C.RECEIPTS_IGNORED, "Worker receipts ignored (unknown request, "
+         "excess count, late after a lease)."),
+    _one("protected_blocks", C.PROTECTED_BLOCKS, "GPU block protections taken (BlockPool.touch)."),
+    _one("released_blocks", C.RELEASED_BLOCKS, "GPU block protections released."),
+    _one("token_steps", C.TOKEN_STEPS, "Scheduler steps that scheduled tokens."),
+    _one("empty_steps", C.EMPTY_STEPS, "Scheduler steps that scheduled no token."),
+    _one("window_blocks_read", C.WINDOW_BLOCKS_READ, "Free-queue blocks read for the danger "
+         "window (EVICTION_AWARE)."),
+    _one("blocks_checked", C.BLOCKS_CHECKED, "Block hashes re-read at verification."),
+)
+# A counter the core grows later is exported under its own name until it earns an entry
+# above (HELD[...] ones join the holds family automatically through the table).
+COUNTER_FAMILIES += tuple(
+    _one(counter.value, counter, f"Core counter {counter.value} (offload_fsm.counters).")
+    for counter in Counter
+    if all(counter not in family.members.values() for family in COUNTER_FAMILIES)
+)
+
+GAUGES: Final[dict[str, str]] = {
+    "buffered_ops": "Store ops buffered now (the ledger's pending term).",
+    "verifying_ops": "Store ops selected whose hashes are being re-read now.",
+    "in_flight_ops": "Store ops submitted to LMCache and awaiting receipts now.",
+    "in_flight_batches": "Store batches submitted and awaiting receipts now.",
+    "pinned_blocks": "GPU blocks lazy offload holds a protection on now.",
+    "shielded_ops": "Buffered store ops protected now (shielded at finish).",
+    "oldest_buffered_op_age_steps": "Token steps since the longest-buffered request's buffer "
+                                    "became non-empty (bounds the oldest buffered op's age).",
+    "log_items_lost": "Event-log items the writer dropped (queue overflow, encode or I/O "
+                      "failure); each loss is a GAP record in the log.",
+    "draining": "1 when lazy offload stopped after a failure and only drains what LMCache "
+                "holds (drain-only mode), else 0.",
+}
+
+
+class LazyOffloadConnectorStats(LMCacheMPConnectorStats):  # type: ignore[misc]
+    """LMCache's lookup stats plus lazy-offload counter deltas and gauges.
+
+    ``data``: LMCache's ``lookup_duration_seconds`` list; ``lazy_offload_counters``
+    (counter name -> increase over the interval; summed by :meth:`aggregate`);
+    ``lazy_offload_gauges`` (gauge name -> value; the later payload wins).
+    Plain dicts of str and int, so the payload crosses processes as is.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.data.setdefault(COUNTERS_KEY, {})
+        self.data.setdefault(GAUGES_KEY, {})
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.data[COUNTERS_KEY]  # type: ignore[no-any-return]
+
+    @property
+    def gauges(self) -> dict[str, int]:
+        return self.data[GAUGES_KEY]  # type: ignore[no-any-return]
+
+    def reset(self) -> None:
+        super().reset()
+        self.data[COUNTERS_KEY] = {}
+        self.data[GAUGES_KEY] = {}
+
+    def clone_and_reset(self) -> LazyOffloadConnectorStats:
+        snapshot = LazyOffloadConnectorStats(data={
+            _LOOKUP: self.data[_LOOKUP], COUNTERS_KEY: self.counters, GAUGES_KEY: self.gauges,
+        })
+        self.reset()
+        return snapshot
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        """Merge ``other`` (LMCache's own stats class is accepted too: a worker
+        built by a stock connector carries only lookups)."""
+        if not isinstance(other, LMCacheMPConnectorStats):
+            raise TypeError(f"Cannot aggregate {type(other)}")
+        self.data[_LOOKUP].extend(other.data.get(_LOOKUP, ()))
+        counters = self.counters
+        for name, delta in other.data.get(COUNTERS_KEY, {}).items():
+            counters[name] = counters.get(name, 0) + delta
+        self.gauges.update(other.data.get(GAUGES_KEY, {}))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = dict(super().reduce())
+        counters, gauges = self.counters, self.gauges
+        if counters or gauges:
+            dropped = sum(counters.get(c.value, 0) for c in DROPPED_OPS.values())
+            out.update({
+                "Lazy offload admitted ops": counters.get(Counter.ADMITTED_OPS.value, 0),
+                "stored ops": counters.get(Counter.STORED_OPS.value, 0),
+                "dropped ops": dropped,
+                "failed ops": counters.get(Counter.FAILED_OPS.value, 0),
+            })
+            for name in ("buffered_ops", "pinned_blocks", "draining"):
+                if name in gauges:
+                    out[name.replace("_", " ")] = gauges[name]
+        return out
+
+    def is_empty(self) -> bool:
+        return super().is_empty() and not self.counters and not self.gauges
+
+
+class StatsSource:
+    """Scheduler side: counter deltas and changed gauges since the last call.
+
+    Reads only: the core's ``state`` (counters, buffers, batches, pins) and
+    the manager's ``draining``; in drain-only mode the shell's own pin ledger
+    and in-flight stores. Per call: one pass over the counters (a few dozen),
+    one over the requests with buffered ops and one over in-flight batches;
+    the oldest-op age is O(1) amortized (see :meth:`_oldest_age`).
+    """
+
+    def __init__(self, manager: Any, recorder: Any = None) -> None:
+        self._manager = manager
+        self._recorder = recorder
+        self._last_counters: dict[Counter, int] = {}
+        self._last_gauges: dict[str, int] = {}
+        # (state.next_order after the call, step_index): a pending run with
+        # order < next_order started at or before that step.
+        self._orders: deque[tuple[int, int]] = deque()
+
+    def collect(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``(counter deltas, gauges that changed)``; both empty when nothing moved."""
+        state = self._manager.state
+        last = self._last_counters
+        deltas: dict[str, int] = {}
+        for counter, value in state.counters.items():
+            if value != last.get(counter, 0):
+                deltas[counter.value] = value - last.get(counter, 0)
+                last[counter] = value
+        gauges = self.gauges(state)
+        changed = {k: v for k, v in gauges.items() if self._last_gauges.get(k) != v}
+        self._last_gauges = gauges
+        return deltas, changed
+
+    def gauges(self, state: Any) -> dict[str, int]:
+        buffered = sum(len(rec.ops) for rec in state.pending.values())
+        verifying = in_flight = in_flight_batches = 0
+        for batch in state.batches.values():
+            if batch.status.value == "verifying":
+                verifying += len(batch.ops)
+            else:
+                in_flight += len(batch.ops)
+                in_flight_batches += 1
+        shielded = 0
+        for req_id in state.shielded:
+            rec = state.requests.get(req_id)
+            if rec is not None:
+                shielded += sum(1 for op in rec.ops if op.pinned)
+        pinned = len(state.pins)
+        manager = self._manager
+        draining = bool(getattr(manager, "draining", False))
+        if draining:
+            held = getattr(manager, "_held", None)
+            pinned = len(held) if held is not None else pinned
+            drain = getattr(manager, "_drain", None)
+            if drain is not None:
+                in_flight_batches = len(drain.in_flight)
+        writer = getattr(self._recorder, "writer", None)
+        return {
+            "buffered_ops": buffered,
+            "verifying_ops": verifying,
+            "in_flight_ops": in_flight,
+            "in_flight_batches": in_flight_batches,
+            "pinned_blocks": pinned,
+            "shielded_ops": shielded,
+            "oldest_buffered_op_age_steps": self._oldest_age(state),
+            "log_items_lost": int(writer.items_lost) if writer is not None else 0,
+            "draining": int(draining),
+        }
+
+    def _oldest_age(self, state: Any) -> int:
+        """Steps since the first request in ``state.pending`` (insertion order:
+        the longest-buffered one) got its buffer's current run. ``rec.order``
+        numbers runs as they start, so a deque of (``next_order``, step) per
+        call maps an order to its step; entries older than the first pending
+        run are dropped, so each is handled once."""
+        orders = self._orders
+        if not orders or orders[-1][0] != state.next_order:
+            orders.append((state.next_order, state.step_index))
+        first = next(iter(state.pending.values()), None)
+        if first is None:
+            return 0
+        while len(orders) > 1 and orders[0][0] <= first.order:
+            orders.popleft()
+        return max(0, int(state.step_index) - orders[0][1])
+
+
+def get_stats(source: StatsSource | None, base: KVConnectorStats | None
+              ) -> LazyOffloadConnectorStats | None:
+    """The connector's ``get_kv_connector_stats``: LMCache's lookups (``base``)
+    plus this interval's lazy-offload deltas; None when there is nothing."""
+    stats = LazyOffloadConnectorStats(data=dict(base.data) if base is not None else {})
+    if source is not None:
+        counters, gauges = source.collect()
+        stats.counters.update(counters)
+        stats.gauges.update(gauges)
+    return None if stats.is_empty() else stats
+
+
+class LazyOffloadPromMetrics(LMCacheMPPromMetrics):  # type: ignore[misc]
+    """``vllm:lazy_offload_*`` counters and gauges, per engine, beside LMCache's
+    lookup histogram (the parent's ``observe`` keeps feeding it).
+
+    Every labelled child is created up front, so each series is scraped (at
+    0) from the start and the ledger can be summed from one scrape.
+    ``selected_ops_total{reason=window|fifo}`` is the policy's own rule: all
+    selections minus the ones counted by a more specific reason.
+    """
+
+    def __init__(self, vllm_config: Any, metric_types: dict[type, type],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]],
+                 *, primary_reason: SelectReason = SelectReason.WINDOW) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._primary = primary_reason.value
+        # engine -> core counter name -> [children to increment]
+        self._counters: dict[int, dict[str, list[Any]]] = {e: {} for e in per_engine_labelvalues}
+        self._selected: dict[int, Any] = {}
+        for family in COUNTER_FAMILIES:
+            names = list(labelnames) + ([family.label] if family.label else [])
+            metric = self._counter_cls(name=family.name, documentation=family.documentation,
+                                       labelnames=names)
+            for engine, values in per_engine_labelvalues.items():
+                for label, counter in family.members.items():
+                    if family.label is not None and label == "":  # selected_ops: see above
+                        self._selected[engine] = metric.labels(*values, self._primary)
+                        continue
+                    child = metric.labels(*values, label) if family.label else \
+                        metric.labels(*values)
+                    self._counters[engine].setdefault(counter.value, []).append(child)
+        self._gauges: dict[int, dict[str, Any]] = {e: {} for e in per_engine_labelvalues}
+        for name, documentation in GAUGES.items():
+            gauge = self._gauge_cls(name=METRIC_PREFIX + name, documentation=documentation,
+                                    labelnames=list(labelnames), multiprocess_mode="mostrecent")
+            for engine, values in per_engine_labelvalues.items():
+                self._gauges[engine][name] = gauge.labels(*values)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        super().observe(transfer_stats_data, engine_idx)
+        counters = transfer_stats_data.get(COUNTERS_KEY) or {}
+        children = self._counters[engine_idx]
+        for name, delta in counters.items():
+            if delta > 0:
+                for child in children.get(name, ()):
+                    child.inc(delta)
+        selected = counters.get(Counter.SELECTED_OPS.value, 0) - sum(
+            counters.get(c.value, 0) for c in SELECTED_BY.values())
+        if selected > 0:
+            self._selected[engine_idx].inc(selected)
+        gauges = self._gauges[engine_idx]
+        for name, value in (transfer_stats_data.get(GAUGES_KEY) or {}).items():
+            if name in gauges:
+                gauges[name].set(value)

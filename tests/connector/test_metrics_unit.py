@@ -1,0 +1,173 @@
+"""``connector.metrics`` without a server: the stats class keeps LMCache's lookup
+field and merges ours; the stats source sends deltas and changed gauges only;
+the Prometheus class exports every core counter, keeps LMCache's histogram, and
+the ledger closes from its samples alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testkit.env import require_stack
+
+require_stack()
+
+from lmcache.integration.vllm.lmcache_mp_metrics import LMCacheMPConnectorStats  # noqa: E402
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
+
+from connector import metrics  # noqa: E402
+from connector.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: E402
+from offload_fsm.counters import Counter as CoreCounter  # noqa: E402
+from offload_fsm.decisions import SelectReason  # noqa: E402
+from tests.connector.test_manager_faults import Shell  # noqa: E402
+
+
+def test_every_core_counter_is_exported() -> None:
+    exported = {c for family in metrics.COUNTER_FAMILIES for c in family.members.values()}
+    assert exported == set(CoreCounter)
+    names = [family.name for family in metrics.COUNTER_FAMILIES]
+    assert len(names) == len(set(names))
+    assert all(n.startswith("vllm:lazy_offload_") and not n.endswith("_total") for n in names)
+
+
+def test_stats_class_keeps_lookup_and_merges_ours() -> None:
+    a = metrics.LazyOffloadConnectorStats()
+    assert a.is_empty()
+    a.record_lookup(0.5)
+    assert not a.is_empty()
+    a.counters["stored_ops"] = 2
+    a.gauges["buffered_ops"] = 7
+    b = metrics.LazyOffloadConnectorStats(data={
+        "lookup_duration_seconds": [0.25],
+        metrics.COUNTERS_KEY: {"stored_ops": 3, "admitted_ops": 1},
+        metrics.GAUGES_KEY: {"buffered_ops": 4},
+    })
+    a.aggregate(b)
+    assert a.data["lookup_duration_seconds"] == [0.5, 0.25]
+    assert a.counters == {"stored_ops": 5, "admitted_ops": 1}
+    assert a.gauges == {"buffered_ops": 4}  # the later value wins
+    a.aggregate(LMCacheMPConnectorStats(data={"lookup_duration_seconds": [1.0]}))
+    assert len(a.data["lookup_duration_seconds"]) == 3
+    reduced = a.reduce()
+    assert reduced["LMCache MP lookup count"] == 3
+    assert reduced["stored ops"] == 5 and reduced["buffered ops"] == 4
+    clone = a.clone_and_reset()
+    assert a.is_empty() and clone.counters["stored_ops"] == 5
+    with pytest.raises(TypeError):
+        a.aggregate(object())  # type: ignore[arg-type]
+    only_gauge = metrics.LazyOffloadConnectorStats(data={metrics.GAUGES_KEY: {"draining": 0}})
+    assert not only_gauge.is_empty()
+    built = EventSourcedLMCacheMPConnector.build_kv_connector_stats(clone.data)
+    assert isinstance(built, metrics.LazyOffloadConnectorStats)
+    assert built.counters == clone.counters
+
+
+def test_source_sends_deltas_then_nothing() -> None:
+    s = Shell()
+    source = metrics.StatsSource(s.mgr)
+    first = metrics.get_stats(source, None)
+    assert first is not None and first.counters == {}  # gauges at their first values
+    assert metrics.get_stats(source, None) is None  # nothing moved
+    s.offer("a")
+    s.offer("b")
+    stats = metrics.get_stats(source, None)
+    assert stats is not None
+    assert stats.counters["admitted_ops"] == 2
+    assert stats.gauges["buffered_ops"] == 2
+    s.finish("a")
+    s.step()  # FIFO threshold 1: "a" is selected and submitted
+    stats = metrics.get_stats(source, None)
+    assert stats is not None
+    assert stats.counters["submitted_ops"] == 1 and "admitted_ops" not in stats.counters
+    assert stats.gauges["in_flight_batches"] == 1 and stats.gauges["buffered_ops"] == 1
+    assert stats.gauges["pinned_blocks"] == 2
+    s.receipts({"a": 1})
+    stats = metrics.get_stats(source, None)
+    assert stats is not None and stats.counters["stored_ops"] == 1
+    assert stats.gauges["in_flight_batches"] == 0 and stats.gauges["pinned_blocks"] == 0
+
+
+def test_oldest_buffered_age_counts_steps() -> None:
+    s = Shell(threshold=100)
+    source = metrics.StatsSource(s.mgr)
+    s.offer("a")
+    source.collect()
+    for _ in range(3):
+        s.step()
+        source.collect()
+    assert source.gauges(s.mgr.state)["oldest_buffered_op_age_steps"] == 3
+    s.offer("b")  # younger: the oldest stays "a"
+    assert source.gauges(s.mgr.state)["oldest_buffered_op_age_steps"] == 3
+    s.step()
+    assert source.gauges(s.mgr.state)["oldest_buffered_op_age_steps"] == 4
+
+
+def test_draining_gauge() -> None:
+    s = Shell()
+    source = metrics.StatsSource(s.mgr)
+    s.offer("a")
+    s.finish("a")
+    s.step()
+    s.mgr.on_request_finished("a")  # finished twice: rejected, drain-only mode
+    assert s.mgr.draining
+    gauges = source.gauges(s.mgr.state)
+    assert gauges["draining"] == 1
+    assert gauges["in_flight_batches"] == 1 and gauges["pinned_blocks"] == 2
+
+
+class _Config:
+    kv_transfer_config = None
+
+
+def _prom(primary: SelectReason = SelectReason.FIFO) -> tuple[Any, CollectorRegistry]:
+    registry = CollectorRegistry()
+
+    def bound(kind: Any) -> Any:
+        class Bound(kind):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, multiprocess_mode: str = "", **kw: Any) -> None:
+                super().__init__(*args, registry=registry, **kw)
+        return Bound
+
+    types = {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)}
+    prom = metrics.LazyOffloadPromMetrics(_Config(), types, ["model_name", "engine"],
+                                          {0: ["m", "0"]}, primary_reason=primary)
+    return prom, registry
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, {"model_name": "m", "engine": "0", **labels})
+    assert value is not None, (name, labels)
+    return value
+
+
+def test_prom_metrics_and_ledger_from_samples() -> None:
+    prom, registry = _prom()
+    s = Shell()
+    source = metrics.StatsSource(s.mgr)
+    s.offer("a")
+    s.offer("b")
+    s.finish("a")
+    s.step()
+    s.receipts({"a": 1})
+    s.mgr.reset_prefix_cache()  # "b" is dropped: cache_reset
+    for _ in range(2):
+        stats = metrics.get_stats(source, metrics.LazyOffloadConnectorStats(
+            data={"lookup_duration_seconds": [0.001]}))
+        if stats is not None:
+            prom.observe(stats.data, 0)
+    assert _sample(registry, "vllm:lmcache_mp_lookup_duration_seconds_count") == 2
+    assert _sample(registry, "vllm:lazy_offload_admitted_ops_total") == 2
+    assert _sample(registry, "vllm:lazy_offload_stored_ops_total") == 1
+    assert _sample(registry, "vllm:lazy_offload_selected_ops_total", reason="fifo") == 1
+    assert _sample(registry, "vllm:lazy_offload_selected_ops_total", reason="overdue") == 0
+    assert _sample(registry, "vllm:lazy_offload_dropped_ops_total", cause="cache_reset") == 1
+    assert _sample(registry, "vllm:lazy_offload_draining") == 0
+    dropped = sum(_sample(registry, "vllm:lazy_offload_dropped_ops_total", cause=c)
+                  for c in ("evicted", "preempted", "id_reuse", "store_failed", "stale",
+                            "cache_reset", "shutdown", "duplicate"))
+    right = sum(_sample(registry, f"vllm:lazy_offload_{name}") for name in
+                ("buffered_ops", "verifying_ops", "in_flight_ops")) + sum(
+        _sample(registry, f"vllm:lazy_offload_{name}_total") for name in
+        ("stored_ops", "failed_ops", "abandoned_ops")) + dropped
+    assert _sample(registry, "vllm:lazy_offload_admitted_ops_total") == right
