@@ -8,8 +8,9 @@ Per step::
     release due turns -> scheduler.add_request
     so = scheduler.schedule()                      # timed (connector part timed too)
     worker sim: STOREs -> receipts after ``receipt_delay_steps`` (every rank, maybe
-                failed); RETRIEVEs -> finished_recving now; eager delayed frees ->
-                finished_sending once the request's stores are done
+                failed; per-rank extra delay and failure rate); RETRIEVEs ->
+                finished_recving now; eager delayed frees -> finished_sending once the
+                request's stores are done
     scheduler.update_from_output(so, fake ModelRunnerOutput)   # timed
 
 Instrumentation (ground truth, loss attribution, backlog) is timed separately and
@@ -90,6 +91,11 @@ class SimParams:
     receipt_skew_steps: int = 0  # worker w reports after delay + (w % (skew+1))
     world_size: int = 1
     store_failure_rate: float = 0.0
+    # Per rank (index = worker rank; missing ranks: 0): extra receipt delay in steps,
+    # and the probability that this rank's part of a store fails (it still reports,
+    # with the request in its failed set, as LMCache's worker adapter does).
+    rank_delay_steps: tuple[int, ...] = ()
+    rank_failure_rate: tuple[float, ...] = ()
     max_steps: int = 200000
     seed: int = 0
 
@@ -334,6 +340,12 @@ class Sim:
         self.conn_acc = 0.0
         self._conn_depth = 0
         self._rank_reports: dict[str, int] = {}
+        self._rank_failed: dict[str, bool] = {}
+        # ground truth for staleness: stores whose blocks no longer held the
+        # request's content at submission, or before their last rank reported
+        self.stale_submits: list[tuple[str, int, int]] = []
+        self.stale_completions: list[tuple[str, int, int]] = []
+        self._in_flight: dict[str, tuple[int, int, list[int]]] = {}
         self._build()
         self.arrivals = _Arrivals.start(sessions)
         self.requests: dict[str, Any] = {}
@@ -762,6 +774,26 @@ class Sim:
             self.view.mgr.log_final_stats()  # closes the event log
         return res
 
+    def _rank_delay(self, w: int) -> int:
+        extra = self.p.rank_delay_steps[w] if w < len(self.p.rank_delay_steps) else 0
+        return self.p.receipt_delay_steps + (w % (self.p.receipt_skew_steps + 1)) + extra
+
+    def _rank_fails(self, w: int) -> bool:
+        rate = self.p.rank_failure_rate[w] if w < len(self.p.rank_failure_rate) else 0.0
+        return rate > 0 and self.rng.random() < rate
+
+    def _holds_content(self, rid: str, start: int, block_ids: list[int]) -> bool:
+        """Whether every block still carries the request's block hash at its position."""
+        from vllm.v1.core.kv_cache_utils import get_block_hash
+
+        hashes = self.requests[rid].block_hashes
+        first = start // BLOCK
+        for i, b in enumerate(block_ids):
+            bh = self.pool.blocks[b].block_hash
+            if bh is None or first + i >= len(hashes) or get_block_hash(bh) != hashes[first + i]:
+                return False
+        return True
+
     def _submit_store(self, m: Any) -> None:
         rid = m.request_id
         req = self.requests[rid]
@@ -770,17 +802,23 @@ class Sim:
         self.res.store_batches += 1
         for k in keys:
             self.inflight_keys[k] += 1
+        blocks = list(m.op.block_ids[0]) if m.op.block_ids else []
+        if not self._holds_content(rid, m.op.start, blocks):
+            self.stale_submits.append((rid, m.op.start, m.op.end))
+        self._in_flight[rid] = (m.op.start, m.op.end, blocks)
         bad = self.p.store_failure_rate > 0 and self.rng.random() < self.p.store_failure_rate
         self.outstanding[rid] += 1
         for w in range(self.p.world_size):
-            due = self.step + self.p.receipt_delay_steps + (w % (self.p.receipt_skew_steps + 1))
+            due = self.step + self._rank_delay(w)
             slot = self.due_receipts[due].setdefault(rid, [0, False, keys])
             slot[0] += 1
-            slot[1] = slot[1] or bad
+            slot[1] = slot[1] or bad or self._rank_fails(w)
 
     def _take_receipts(self, step: int) -> dict[str, tuple[int, bool, list[bytes]]]:
-        # Receipts due by this step. A store completes (in LMCache) when the last rank
-        # reports; the chunk keys become visible to lookups then.
+        # Receipts due by this step, summed over ranks as vLLM's output aggregator
+        # does (counts added, failed sets united). A store completes (in LMCache)
+        # when the last rank reports, and is stored only if no rank failed; the
+        # chunk keys become visible to lookups then.
         out: dict[str, tuple[int, bool, list[bytes]]] = {}
         for due in [d for d in self.due_receipts if d <= step]:
             for rid, (n, bad, keys) in self.due_receipts.pop(due).items():
@@ -788,14 +826,21 @@ class Sim:
                 out[rid] = (n + (prev[0] if prev else 0), bad or (prev[1] if prev else False), keys)
         for rid, (n, bad, keys) in out.items():
             self._rank_reports[rid] = self._rank_reports.get(rid, 0) + n
+            failed = self._rank_failed[rid] = self._rank_failed.get(rid, False) or bad
             if self._rank_reports[rid] >= self.p.world_size:
                 self._rank_reports.pop(rid)
+                self._rank_failed.pop(rid)
                 self.outstanding[rid] -= 1
+                start, end, blocks = self._in_flight.pop(rid, (0, 0, []))
+                # The last rank reads the blocks up to its report: they must still
+                # hold the request's content (the pins keep them from reallocation).
+                if not self._holds_content(rid, start, blocks):
+                    self.stale_completions.append((rid, start, end))
                 for k in keys:
                     self.inflight_keys[k] -= 1
                     if self.inflight_keys[k] <= 0:
                         del self.inflight_keys[k]
-                    if not bad:
+                    if not failed:
                         self.lm.stored.add(k)
                         self.written.add(k)
         return out
