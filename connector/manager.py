@@ -363,8 +363,9 @@ class EventSourcedManager:
         except Exception as secondary:
             self._log.error("lazy offload: could not record the failure",
                             reason=repr(secondary))
+        unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
         self._drain, commands = DrainOnly.take_over(self.state, self._submitted, self._held,
-                                                    self._clock())
+                                                    self._clock(), unexecuted)
         self._execute_all(commands)
         self._stores.clear()
         self._log.error(

@@ -73,12 +73,15 @@ class DrainOnly:
         submitted: Mapping[str, tuple[int, tuple[int, ...]]],
         held_pins: Mapping[int, int],
         now_s: float,
+        unexecuted: Iterable[Command] = (),
     ) -> tuple[DrainOnly, list[Command]]:
         """Start from ``state`` (poisoned or not), ``submitted`` (request id ->
         (batch id, block ids) of each store the shell handed to LMCache and has
         not seen settle) and ``held_pins`` (block id -> protections the shell
-        applied and has not released). Returns the machine and the commands
-        to execute now."""
+        applied and has not released); ``unexecuted``: commands the core
+        emitted but the shell never carried out (``CommandFailed``), whose
+        sessions the state already forgot. Returns the machine and the
+        commands to execute now."""
         drain = cls(world_size=state.world_size, lease_s=state.config.receipt_lease_s)
         held = Tally({b: n for b, n in held_pins.items() if n > 0})
         keep: Tally[int] = Tally()
@@ -100,8 +103,13 @@ class DrainOnly:
             commands.append(ReleaseBlocks(batch_id=-1, block_ids=tuple(sorted(release.elements()))))
         drain.stats.released_now_blocks = sum(release.values())
         drain.stats.kept_blocks = sum(keep.values())
-        for req_id, rec in state.requests.items():
-            if rec.phase is Phase.FINISHED and req_id not in drain.in_flight:
+        ending = [c.req_id for c in unexecuted if isinstance(c, EndSession)]
+        ending += [r for r, rec in state.requests.items() if rec.phase is Phase.FINISHED]
+        for req_id in dict.fromkeys(ending):
+            entry = drain.in_flight.get(req_id)
+            if entry is not None:
+                entry.finished = True
+            else:
                 commands.append(drain._end(req_id))
         return drain, commands
 

@@ -45,12 +45,16 @@ class CoreFault(StepFailed):
 class CommandFailed(Exception):
     """The shell's command executor raised inside ``drive``. The machine is
     poisoned (its command loop cannot finish); ``applied`` as for
-    :class:`StepFailed`, ``command`` is the command that failed."""
+    :class:`StepFailed`, ``command`` is the command that failed and
+    ``unexecuted`` the commands of its outcome from it on (the state already
+    counts them done: an ``EndSession`` among them must still be carried
+    out)."""
 
     def __init__(self, reason: str, command: Any) -> None:
         self.reason = reason
         self.command = command
         self.applied: tuple[tuple[Any, Any], ...] = ()
+        self.unexecuted: tuple[Any, ...] = ()
         super().__init__(reason)
 
 

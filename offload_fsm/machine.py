@@ -70,12 +70,13 @@ from typing import Any
 
 import attrs
 
-from offload_fsm import drain, eviction_aware, lifecycle
+from offload_fsm import dedup, drain, eviction_aware, lifecycle
 from offload_fsm.commands import Command
 from offload_fsm.decisions import Decision
 from offload_fsm.errors import CommandFailed, CoreFault, MachinePoisoned, StepFailed
 from offload_fsm.events import (
     CandidateOffered,
+    ChunksMissing,
     Event,
     FreeQueueRead,
     HashesRead,
@@ -113,6 +114,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     ShutdownRequested: lifecycle.on_shutdown,
     HashesRead: drain.on_hashes,
     FreeQueueRead: eviction_aware.on_queue_read,
+    ChunksMissing: dedup.on_chunks_missing,
 }
 
 
@@ -164,7 +166,7 @@ def drive(
             error.applied = tuple(applied)
             raise
         applied.append((current, outcome))
-        for command in outcome.commands:
+        for index, command in enumerate(outcome.commands):
             try:
                 answer = execute(command)
             except Exception as error:
@@ -172,6 +174,7 @@ def drive(
                 state.poisoned = reason
                 failure = CommandFailed(reason, command)
                 failure.applied = tuple(applied)
+                failure.unexecuted = outcome.commands[index:]
                 raise failure from error
             if answer is not None:
                 queue.append(answer)

@@ -11,6 +11,13 @@ The world also checks the core from outside (``World.violations``): a
 submitted store covers only protected blocks whose hashes still equal the
 snapshot taken when the range was offered; an op dropped as evicted or stale
 really lost a block; a session ends only for a finished request.
+
+Faults (in the spirit of FoundationDB's buggify): ``fail_commands`` makes the
+executor raise on the next command of a type (the shell then switches to
+drain-only mode, ``offload_fsm.drain_only``, exactly as the connector does);
+``intrude`` lets an unmodelled consumer take blocks from the free-queue head,
+reported with the next step (an eviction just before a drain) or not at all
+(only the hash check can catch it).
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import DropCause, OpsDropped
+from offload_fsm.decisions import DropCause, OpsDropped, StoreAbandoned, StoreSettled
+from offload_fsm.drain_only import DrainOnly
+from offload_fsm.errors import CommandFailed, StepFailed
 from offload_fsm.events import (
     CandidateOffered,
     Event,
@@ -131,19 +140,87 @@ class World:
     applied: list[tuple[Event, Outcome]] = attrs.Factory(list)
     violations: list[str] = attrs.Factory(list)
     step_metadata: list[SubmitStore] = attrs.Factory(list)
+    fail_commands: set[type] = attrs.Factory(set)  # raise once on the next of each type
+    drain: DrainOnly | None = None  # set once the shell failed
+    failure: str = ""
+    drain_on_failure: bool = True  # False: a failed step raises, as drive does
+    intruders: list[int] = attrs.Factory(list)  # blocks an unmodelled consumer holds
+    reported_intruders: list[int] = attrs.Factory(list)  # to report with the next step
 
     # -- driving the core -------------------------------------------------
 
     def feed(self, event: Event) -> list[tuple[Event, Outcome]]:
-        applied = drive(self.state, event, self.execute)
+        if self.drain is not None:
+            self._drain_feed(event)
+            return []
+        try:
+            applied = drive(self.state, event, self.execute)
+        except (StepFailed, CommandFailed) as error:
+            if not self.drain_on_failure:
+                raise
+            self._applied(list(error.applied))
+            self.failure = error.reason
+            submitted = {r: (c.batch_id, c.block_ids) for r, c in self.in_flight.items()}
+            unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
+            self.drain, commands = DrainOnly.take_over(self.state, submitted, self.pins,
+                                                       self.time_s, unexecuted)
+            for command in commands:
+                self.execute(command)
+            return list(error.applied)
+        self._applied(applied)
+        return applied
+
+    def _applied(self, applied: list[tuple[Event, Outcome]]) -> None:
         for _, outcome in applied:
             for decision in outcome.decisions:
                 if isinstance(decision, OpsDropped):
                     self._check_drop(decision)
+                elif isinstance(decision, StoreSettled | StoreAbandoned):
+                    held = self.in_flight.get(decision.req_id)
+                    if held is not None and held.batch_id == decision.batch_id:
+                        del self.in_flight[decision.req_id]
         self.applied.extend(applied)
-        return applied
+
+    def _drain_feed(self, event: Event) -> None:
+        """Drain-only mode: what the connector's shell does after a failure."""
+        drain = self.drain
+        assert drain is not None
+        commands: list[Command] = []
+        if isinstance(event, StepScheduled):
+            commands = drain.step(event.time_s)
+        elif isinstance(event, ReceiptsArrived):
+            commands = drain.receipts(dict(event.completed), event.failed)
+        elif isinstance(event, RequestFinished):
+            commands = drain.finished(event.req_id)
+        elif isinstance(event, RequestArrived):
+            drain.arrived(event.req_id)
+        elif isinstance(event, ShutdownRequested):
+            commands = drain.shutdown()
+        for command in commands:
+            if isinstance(command, ReleaseBlocks) and command.batch_id >= 0:
+                self.in_flight = {r: c for r, c in self.in_flight.items()
+                                  if c.batch_id != command.batch_id}
+            self.execute(command)
+
+    def release_intruders(self) -> None:
+        self.pool.release(self.intruders)
+        self.intruders = []
+        self.reported_intruders = []
+
+    def intrude(self, count: int, *, report: bool) -> None:
+        """An unmodelled consumer takes ``count`` blocks from the free-queue head
+        and overwrites them (their hashes change)."""
+        blocks = self.pool.allocate(min(count, len(self.pool.free))) or []
+        for block_id in blocks:
+            self.pool.fill(block_id)
+        self.intruders.extend(blocks)
+        if report:
+            self.reported_intruders.extend(blocks)
 
     def execute(self, command: Command) -> Event | None:
+        if type(command) in self.fail_commands and self.drain is None:
+            self.fail_commands.discard(type(command))
+            raise RuntimeError(f"injected failure executing {type(command).__name__}")
         if isinstance(command, ProtectBlocks):
             self.pool.touch(command.block_ids)
             for block_id in command.block_ids:
@@ -215,6 +292,9 @@ class World:
         tokens = len(offers) * self.chunk_blocks * self.block_tokens
         for offer in offers:
             self.feed(offer)
+        if tokens:  # reported with the next token step (empty steps carry none)
+            allocated = self.reported_intruders + allocated
+            self.reported_intruders = []
         depth = window_depth(self.state, scheduled_tokens=tokens,
                              allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
         window = self.pool.window(min(depth, len(self.pool.free)))
@@ -228,6 +308,9 @@ class World:
                           window_block_ids=window if tokens else (),
                           reallocated=reallocated if tokens else (), time_s=self.time_s)
         )
+        if not self.reported_intruders and self.intruders:  # the consumer lets go
+            self.pool.release(self.intruders)
+            self.intruders = []
         return tokens
 
     def finish(self, req_id: str) -> None:

@@ -8,6 +8,13 @@ sessions end only for finished requests. After every rule all of the core's
 invariants must hold and the world's pin counts must equal the core's. The
 ending delivers every receipt, finishes every request and shuts down: then no
 pin may remain and the ledger must close with nothing pending.
+
+Faults are rules too: receipts reordered, duplicated and lost (the receipt
+lease lets a silent batch go), consumers that take blocks from the
+free-queue head just before a drain (reported, or not at all), and
+exceptions raised by the shell's command executor (the shell then drains
+what LMCache holds, ``offload_fsm.drain_only``). Every run ends with every
+pin released, every finished session ended and no stale store.
 """
 
 from __future__ import annotations
@@ -23,6 +30,13 @@ from hypothesis.stateful import (
 )
 
 from offload_fsm import OffloadConfig, Policy, check_all, new_state
+from offload_fsm.commands import (
+    ProtectBlocks,
+    ReadFreeQueue,
+    ReadHashes,
+    ReleaseBlocks,
+    SubmitStore,
+)
 from offload_fsm.decisions import StoreSettled
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.testing.world import FakePool, World
@@ -30,6 +44,8 @@ from offload_fsm.testing.world import FakePool, World
 REQUEST_IDS = ("a", "b", "c", "d", "e")
 WORLD_SIZE = 2
 MAX_CHUNKS = 3  # a request finishes by itself after this many chunks
+LEASE_S = 0.2  # 20 steps of the world's 10 ms
+COMMANDS = (ProtectBlocks, ReadHashes, ReadFreeQueue, SubmitStore, ReleaseBlocks)
 
 
 class OffloadMachine(RuleBasedStateMachine):
@@ -41,6 +57,7 @@ class OffloadMachine(RuleBasedStateMachine):
             enabled=True, policy=self.policy, threshold=2, select_count=2,
             horizon_steps=2.5, max_drain_per_step=3,
             max_deferral_seconds=0.05 if self.policy is Policy.EVICTION_AWARE else 0.0,
+            receipt_lease_s=LEASE_S,
         )
         self.world = World(
             state=new_state(config, world_size=WORLD_SIZE),
@@ -131,6 +148,28 @@ class OffloadMachine(RuleBasedStateMachine):
         note(f"stray receipt {req_id}")
         self.world.receipts({req_id: count})
 
+    @precondition(lambda self: self.world.in_flight)
+    @rule(data=st.data())
+    def lose_receipt(self, data: st.DataObject) -> None:
+        """A worker's report never arrives: only the lease lets the batch go."""
+        req_id = data.draw(st.sampled_from(sorted(self.world.in_flight)))
+        note(f"lose receipt {req_id}")
+        del self.world.in_flight[req_id]
+
+    @rule(count=st.integers(1, 3), report=st.booleans())
+    def intrude(self, count: int, report: bool) -> None:
+        """Blocks taken from the free-queue head just before the next drain."""
+        note(f"intrude {count} report={report}")
+        self.world.intrude(count, report=report)
+
+    @rule(kind=st.sampled_from(COMMANDS), dice=st.integers(0, 3))
+    def break_the_executor(self, kind: type, dice: int) -> None:
+        """The shell's executor raises on the next command of ``kind`` (rare)."""
+        if dice:
+            return
+        note(f"executor fails on the next {kind.__name__}")
+        self.world.fail_commands.add(kind)
+
     def _settled(self) -> int:
         return sum(
             1 for _, outcome in self.world.applied for d in outcome.decisions
@@ -141,7 +180,8 @@ class OffloadMachine(RuleBasedStateMachine):
 
     @invariant()
     def core_invariants_hold(self) -> None:
-        assert check_all(self.world.state) == []
+        if self.world.drain is None:  # a poisoned state is frozen mid-callback
+            assert check_all(self.world.state) == []
 
     @invariant()
     def world_saw_no_violation(self) -> None:
@@ -149,26 +189,35 @@ class OffloadMachine(RuleBasedStateMachine):
 
     @invariant()
     def pins_match_the_world(self) -> None:
-        assert self.world.pins == self.world.state.pins
+        if self.world.drain is None:
+            assert self.world.pins == self.world.state.pins
 
     def teardown(self) -> None:
         """Deliver everything and drain: no pin may survive, the ledger closes."""
         world = self.world
-        if world.state.poisoned is not None:
-            return
+        world.fail_commands.clear()
         world.settle_all()
         for req_id in sorted(world.active):
             world.finish(req_id)
         world.settle_all()
-        terms = ledger_terms(world.state)
-        assert terms["verifying"] == 0 and terms["in_flight"] == 0
+        world.schedule([], next_step_blocks=0, dt_s=2 * LEASE_S)  # lost receipts: leases end
+        world.release_intruders()
+        if world.drain is None:
+            terms = ledger_terms(world.state)
+            assert terms["verifying"] == 0 and terms["in_flight"] == 0
+        else:
+            note(f"drain-only after: {world.failure}")
+            assert not world.drain.busy
         world.shutdown()
         assert world.violations == []
-        assert world.pins == {} and world.state.pins == {}
+        assert world.pins == {}
         assert all(ref == 0 for ref in world.pool.ref_cnt)
-        terms = ledger_terms(world.state)
-        assert terms["pending"] == 0 and terms["abandoned"] == 0
-        assert check_all(world.state) == []
+        assert world.finished == {}, "a finished request's session never ended"
+        if world.drain is None:
+            assert world.state.pins == {}
+            terms = ledger_terms(world.state)
+            assert terms["pending"] == 0
+            assert check_all(world.state) == []
 
 
 class EvictionAwareMachine(OffloadMachine):

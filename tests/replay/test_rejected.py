@@ -221,7 +221,7 @@ def test_the_analyses_cover_a_run_up_to_its_rejection(tmp_path: Path) -> None:
 def test_a_rejected_observation_has_no_prefix(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path)
     world = RecordingWorld(state=new_state(default_config(Policy.FIFO), world_size=2),
-                           pool=FakePool(8), sink=recorder.record)
+                           pool=FakePool(8), sink=recorder.record, drain_on_failure=False)
     world.arrive("r7")
     event = CandidateOffered(req_id="ghost", start_token=0, end_token=64, block_ids=(0, 1),
                              block_hashes=(1, 2), time_s=0.0)
