@@ -85,6 +85,9 @@ class OffloadConfig:
     log_max_total_mib: float = 1024.0
     log_max_file_mib: float = 64.0
 
+    def __attrs_post_init__(self) -> None:
+        _validate(self)
+
     def describe(self) -> str:
         """The knobs that matter for the configured policy, for the start-up log line."""
         if self.policy is Policy.FIFO:
@@ -158,6 +161,8 @@ def _finite_float(key: str, value: object, *, minimum: float, inclusive: bool) -
 
 def _policy(key: str, value: object) -> Policy:
     names = ", ".join(p.value for p in Policy)
+    if isinstance(value, Policy):
+        return value
     if isinstance(value, str):
         for policy in Policy:
             if value.strip().upper() == policy.value:
@@ -214,6 +219,24 @@ _BEFORE_THEY_EXISTED: dict[str, object] = {f"{PREFIX}_receipt_lease_s": 0.0}
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
 
 
+def _validate(config: OffloadConfig) -> None:
+    """A config built directly is checked as :func:`parse_config` checks its
+    keys, and must already hold typed values (no strings for numbers); the
+    :class:`ConfigError` names the field (``parse_config`` names the key)."""
+    for name, parse in _PARSERS.values():
+        value = getattr(config, name)
+        parsed = parse(name, value)
+        exact = type(parsed) is type(value) or (type(parsed) is float and type(value) is int)
+        if parsed != value or not exact:
+            kind = type(parsed).__name__
+            raise ConfigError(name, value, f"a value of type {kind} (parse_config takes"
+                              " strings; OffloadConfig takes typed values)")
+    if config.log_max_file_mib > config.log_max_total_mib:
+        raise ConfigError("log_max_file_mib", config.log_max_file_mib,
+                          f"at most {PREFIX}_log_max_total_mib ({config.log_max_total_mib:g}):"
+                          " a file is never deleted while it is written")
+
+
 def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
     """Parse the lazy-offload keys of ``kv_connector_extra_config``.
 
@@ -230,13 +253,11 @@ def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
             raise ConfigError(key, value, f"a known key ({', '.join(KNOWN_KEYS)}){hint}")
         name, parse = _PARSERS[key]
         fields[name] = parse(key, value)
-    config = OffloadConfig(**fields)  # type: ignore[arg-type]
-    if config.log_max_file_mib > config.log_max_total_mib:
-        key = f"{PREFIX}_log_max_file_mib"
-        raise ConfigError(key, config.log_max_file_mib,
-                          f"at most {PREFIX}_log_max_total_mib ({config.log_max_total_mib:g}):"
-                          " a file is never deleted while it is written")
-    return config
+    try:
+        return OffloadConfig(**fields)  # type: ignore[arg-type]
+    except ConfigError as error:  # a check across fields (_validate): name the key
+        key = next((k for k, (name, _) in _PARSERS.items() if name == error.key), error.key)
+        raise ConfigError(key, error.value, error.allowed) from None
 
 
 def parse_recorded_config(wire: Mapping[str, object]) -> OffloadConfig:

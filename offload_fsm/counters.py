@@ -66,6 +66,8 @@ class Counter(enum.StrEnum):
     # non-zero, so the digests of logs recorded before a counter existed
     # stay valid (``codec.canonical_state``).
     ABANDONED_BATCHES = "abandoned_batches"  # receipt lease expired
+    HELD_CLAIMED = "held_claimed"  # dedup: waited for another request's batch to settle
+    FORGOTTEN_CHUNKS = "forgotten_chunks"  # stored chunks a lookup showed missing
 
 
 FIRST_LATER_COUNTER: Final = 44  # the members through BLOCKS_CHECKED: the digest's base

@@ -51,6 +51,7 @@ class HoldReason(enum.Enum):
     DRAIN_CAP = "drain_cap"  # max_drain_per_step ops already selected
     PIN_BUDGET = "pin_budget"  # pinning would eat the next step's free blocks
     IN_FLIGHT = "in_flight"  # its previous store batch has not completed
+    CLAIMED = "claimed"  # its chunks are all in another request's batch in flight (dedup)
 
 
 class IgnoreReason(enum.Enum):
@@ -192,6 +193,20 @@ class StoreAbandoned:
     waited_s: float
 
 
+@attrs.frozen(kw_only=True)
+class StoredChunksForgotten:
+    """A lookup showed chunks missing on the server that the core remembered
+    stored (``ChunksMissing``): they are forgotten, so later candidates for
+    them are admitted and stored again instead of rejected as already
+    stored. ``chunk_keys``: the forgotten ones, in the reported order;
+    ``reported``: how many keys the lookup named (the rest were not
+    remembered)."""
+
+    TAG: ClassVar[int] = 111
+    chunk_keys: tuple[int, ...]
+    reported: int
+
+
 Decision = (
     OpRejected
     | OpsSelected
@@ -204,6 +219,7 @@ Decision = (
     | BatchOrphaned
     | ShieldLifted
     | StoreAbandoned
+    | StoredChunksForgotten
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -218,4 +234,5 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     BatchOrphaned,
     ShieldLifted,
     StoreAbandoned,
+    StoredChunksForgotten,
 )

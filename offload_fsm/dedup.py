@@ -1,4 +1,5 @@
-"""EVICTION_AWARE's content dedup: store each chunk's content once.
+"""EVICTION_AWARE's content dedup: store each chunk's content once, without
+ever leaving a hole in a request's chain.
 
 LMCache keys a chunk by its token prefix, which the chunk's last block hash
 names (vLLM block hashes chain their parents): ``Op.chunk_keys``. The core
@@ -7,21 +8,49 @@ remembers the keys it stored (``State.stored_keys``, bounded by
 digest) and counts the keys of batches verifying or in flight
 (``State.claimed_keys``).
 
+LMCache retrieves a request's prefix chunk by chunk from token 0 and stops
+at the first chunk it lacks. So leaving a chunk out of a request's store is
+safe only if LMCache holds that chunk *for sure*; a chunk that another
+request's batch is merely storing may still fail (or be abandoned at its
+lease), and then every later chunk of the follower is unreachable: the
+"not a loss" would be a loss nobody counted, and the chain rule ("any loss
+breaks the request's prefix chain") would be broken behind the core's back.
+The rules:
+
 * Admission rejects a candidate whose every chunk is stored
   (``RejectReason.ALREADY_STORED``, outside the ledger).
-* Selection leaves out the leading chunks another batch stored or is storing
-  (``DropCause.DUPLICATE``, not a loss: the chain keeps no hole): whole
-  duplicate ops are dropped, a partly duplicate first op is trimmed.
+* Selection leaves out only the leading chunks *confirmed stored*
+  (``DropCause.DUPLICATE``, not a loss: LMCache holds them, the chain keeps
+  no hole): whole duplicate ops are dropped, a partly duplicate first op is
+  trimmed.
+* A chunk only *claimed* by another batch in flight is never left out. The
+  planner holds the follower (``HoldReason.CLAIMED``, :func:`waits_for_claimant`)
+  when its whole selection is stored-or-claimed content and every block of
+  the claimed chunks is pinned (by the claimant, the prefix-cache-hit case
+  where both requests share the physical blocks, or by a shield): waiting
+  then costs nothing, because pinned blocks cannot be evicted, and once the
+  claimant settles the follower's chunks are either stored (trimmed, no
+  write) or not (the follower stores them itself). Otherwise the follower
+  stores the claimed chunks too: when it has later content, that content
+  needs them, and when its own copies sit unpinned in the free queue,
+  waiting could lose them. Writing a chunk twice is idempotent on the
+  server (content keys); the write savings that remain are every chunk
+  already stored, and every concurrent duplicate that waiting cannot lose.
 * A settled batch unclaims its keys and, when stored, remembers them.
+* LMCache's L1 is finite (LRU): a lookup that shows chunks missing
+  (``ChunksMissing``) makes the core forget them
+  (``StoredChunksForgotten``), so they are admitted and stored again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from offload_fsm.buffer import count_drop
 from offload_fsm.counters import Counter
-from offload_fsm.decisions import DropCause, OpsDropped
+from offload_fsm.decisions import DropCause, OpsDropped, StoredChunksForgotten
+from offload_fsm.errors import InvalidEvent
+from offload_fsm.events import ChunksMissing
 from offload_fsm.hooks import Scope
 from offload_fsm.pins import decref, release_pinned, unpin
 from offload_fsm.state import STORED_KEYS_MAX, Op, RequestState, State
@@ -32,6 +61,46 @@ def already_stored(state: State, op: Op) -> bool:
     return all(key in stored for key in op.chunk_keys)
 
 
+def chunk_blocks(op: Op) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Each chunk of ``op``: its content key and its block ids."""
+    step = op.blocks_per_chunk or len(op.block_ids)
+    blocks = op.block_ids
+    for key, first in zip(op.chunk_keys, range(0, len(blocks), step), strict=True):
+        yield key, blocks[first : first + step]
+
+
+def waits_for_claimant(
+    state: State, ops: Sequence[Op], claiming: set[int], pinning: set[int]
+) -> bool:
+    """Whether a selection of ``ops`` should wait for the batch that claims
+    its content (module docstring). ``claiming`` and ``pinning`` are the
+    content keys and blocks of the picks made earlier in the same plan."""
+    stored, claimed, pins = state.stored_keys, state.claimed_keys, state.pins
+    waiting = False
+    for op in ops:
+        for key, blocks in chunk_blocks(op):
+            if key in stored:
+                continue
+            if key not in claimed and key not in claiming:
+                return False  # new content: store now
+            if not op.pinned and any(b not in pins and b not in pinning for b in blocks):
+                return False  # its own copy could be evicted while it waits
+            waiting = True
+    return waiting
+
+
+def note_pick(state: State, ops: Sequence[Op], claiming: set[int], pinning: set[int]) -> None:
+    """Add what selecting ``ops`` will claim and pin (its chunks not stored:
+    a subset of what the selection keeps, so :func:`waits_for_claimant`
+    errs towards storing)."""
+    stored = state.stored_keys
+    for op in ops:
+        for key, blocks in chunk_blocks(op):
+            if key not in stored:
+                claiming.add(key)
+                pinning.update(blocks)
+
+
 def claim(state: State, ops: Sequence[Op]) -> None:
     claimed = state.claimed_keys
     for op in ops:
@@ -40,12 +109,12 @@ def claim(state: State, ops: Sequence[Op]) -> None:
 
 
 def skip_duplicates(state: State, rec: RequestState, ops: list[Op], scope: Scope) -> list[Op]:
-    """The ops left to store once leading duplicate content is left out."""
-    stored, claimed = state.stored_keys, state.claimed_keys
+    """The ops left to store once leading content confirmed stored is left out."""
+    stored = state.stored_keys
     for position, op in enumerate(ops):
         keys = op.chunk_keys
         known = 0
-        while known < len(keys) and (keys[known] in stored or keys[known] in claimed):
+        while known < len(keys) and keys[known] in stored:
             known += 1
         if known == len(keys):
             continue
@@ -96,3 +165,22 @@ def remember(state: State, key: int) -> None:
         oldest = next(iter(state.stored_keys))
         del state.stored_keys[oldest]
         state.stored_keys_xor ^= oldest
+
+
+def on_chunks_missing(state: State, event: ChunksMissing, scope: Scope) -> None:
+    """A lookup showed these chunks missing on the server: forget the ones
+    remembered stored (keeping the digest's fingerprint in step)."""
+    if not event.chunk_keys:
+        raise InvalidEvent(event.TAG, None, "a missing-chunks report names no chunk")
+    stored = state.stored_keys
+    forgotten = []
+    for key in event.chunk_keys:
+        if key in stored:
+            del stored[key]
+            state.stored_keys_xor ^= key
+            forgotten.append(key)
+    if forgotten:
+        state.counters[Counter.FORGOTTEN_CHUNKS] += len(forgotten)
+        scope.decisions.append(
+            StoredChunksForgotten(chunk_keys=tuple(forgotten), reported=len(event.chunk_keys))
+        )

@@ -22,7 +22,11 @@ LMCache G3 semantics, plus two rules of ours:
   headroom (``free_blocks - pins.pin_reserve``) of queued blocks. Requests
   that do not fit wait, which costs no recomputation. A block counts as
   queued when it is in the window or belongs to a finished request
-  (conservative for shared prefix blocks).
+  (conservative for shared prefix blocks), and is not protected already;
+  each distinct block is charged once per plan, however many picks share it.
+* Ours: content dedup may hold a due request whose whole selection another
+  batch is storing, when waiting cannot lose it (``dedup``,
+  ``HoldReason.CLAIMED``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from offload_fsm import dedup
 from offload_fsm.decisions import HoldReason, SelectReason
 from offload_fsm.plan import Hold, Pick, Plan, ema_update
 from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
@@ -82,7 +87,7 @@ def plan_eviction_aware(
     due, in_flight = _due(state, ranked_blocks)
     candidates = _candidates(state, due, reason, with_shielded, overdue)
     holds = [Hold(rec=r, ops=len(r.ops), reason=HoldReason.IN_FLIGHT) for r in in_flight]
-    return _fit(ctx, candidates, holds)
+    return _fit(state, ctx, candidates, holds)
 
 
 def _due(
@@ -134,11 +139,21 @@ def _candidates(
     return candidates
 
 
-def _fit(ctx: StepContext, candidates: list[Candidate], holds: list[Hold]) -> Plan:
-    """Take candidates in order within the drain cap and the pin headroom."""
+def _fit(
+    state: State, ctx: StepContext, candidates: list[Candidate], holds: list[Hold]
+) -> Plan:
+    """Take candidates in order within the drain cap and the pin headroom.
+
+    The headroom is charged per distinct free-queue block: a block two picks
+    share (a prefix-cache hit) leaves the queue once, and a block already
+    protected is not in it at all. A selection whose content another batch
+    is storing may wait for it (``dedup.waits_for_claimant``)."""
     picks: list[Pick] = []
     ops_left = ctx.ops_left
     headroom = ctx.pin_headroom_blocks
+    charged: set[int] = set()  # queued blocks this plan pins, each charged once
+    claiming: set[int] = set()  # content keys this plan's picks claim (dedup)
+    pinning: set[int] = set()  # blocks of those claims
     window_pinned: set[int] = set()
     for rank, _order, rec, due_end, why in candidates:
         segment = [op for op in rec.ops if op.end_token <= due_end]
@@ -146,20 +161,27 @@ def _fit(ctx: StepContext, candidates: list[Candidate], holds: list[Hold]) -> Pl
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.DRAIN_CAP))
             continue
         segment = segment[:ops_left]
-        count = cost = 0
+        count = 0
+        taking: set[int] = set()
         for op in segment:
-            op_cost = _queued_cost(op, ctx.window_seen)
-            if cost + op_cost > headroom:
+            more = _queued_blocks(op, ctx.window_seen, state.pins) - charged - taking
+            if len(taking) + len(more) > headroom:
                 break
-            cost += op_cost
+            taking |= more
             count += 1
         if count == 0:
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.PIN_BUDGET))
             continue
+        chosen = segment[:count]
+        if dedup.waits_for_claimant(state, chosen, claiming, pinning):
+            holds.append(Hold(rec=rec, ops=count, reason=HoldReason.CLAIMED))
+            continue
         picks.append(Pick(rec=rec, count=count, reason=why, rank=rank))
         ops_left -= count
-        headroom -= cost
-        for op in segment[:count]:
+        headroom -= len(taking)
+        charged |= taking
+        dedup.note_pick(state, chosen, claiming, pinning)
+        for op in chosen:
             if not op.pinned:
                 window_pinned.update(b for b in op.block_ids if b in ctx.window_seen)
     return Plan(
@@ -171,10 +193,10 @@ def _fit(ctx: StepContext, candidates: list[Candidate], holds: list[Hold]) -> Pl
     )
 
 
-def _queued_cost(op: Op, window: set[int]) -> int:
+def _queued_blocks(op: Op, window: set[int], pins: dict[int, int]) -> set[int]:
     """Free-queue blocks that protecting ``op`` would take from the allocator."""
     if op.pinned:
-        return 0
+        return set()
     if op.req.phase is Phase.FINISHED:
-        return len(op.block_ids)
-    return sum(1 for block_id in op.block_ids if block_id in window)
+        return {b for b in op.block_ids if b not in pins}
+    return {b for b in op.block_ids if b in window and b not in pins}

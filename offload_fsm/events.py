@@ -11,7 +11,8 @@ Two kinds of event:
 * **Observations** come from vLLM callbacks: :class:`RequestArrived`,
   :class:`CandidateOffered`, :class:`StepScheduled`, :class:`RequestFinished`,
   :class:`RequestPreempted`, :class:`ReceiptsArrived`,
-  :class:`PrefixCacheReset`, :class:`ShutdownRequested`.
+  :class:`PrefixCacheReset`, :class:`ShutdownRequested`,
+  :class:`ChunksMissing`.
 * **Answers** report the result of a command the core asked for:
   :class:`HashesRead` answers ``ReadHashes`` and :class:`FreeQueueRead`
   answers ``ReadFreeQueue``. While answers are outstanding the core accepts no
@@ -153,6 +154,25 @@ class ShutdownRequested:
     TAG: ClassVar[int] = 10
 
 
+@attrs.frozen(kw_only=True)
+class ChunksMissing:
+    """A lookup showed that LMCache does not hold these chunks, although the
+    core remembers them stored: its L1 is finite (LRU), so the server forgets.
+    ``chunk_keys`` are the chunks' content keys (``Op.chunk_keys``: the
+    fingerprint of each chunk's last block hash). Source: the scheduler-side
+    lookup result (``get_num_new_matched_tokens``): the chunks of the
+    request's prefix beyond the server's hit that the core believes stored.
+
+    Keyed by content, not by request: the core's memory of what is stored
+    (``State.stored_keys``) is keyed by content and shared by every request,
+    and the request that looked up may be unknown to the core (a lookup runs
+    before its arrival) or may never have offered these chunks itself (its
+    candidates were rejected as already stored)."""
+
+    TAG: ClassVar[int] = 11
+    chunk_keys: tuple[int, ...]
+
+
 Event = (
     RequestArrived
     | CandidateOffered
@@ -164,6 +184,7 @@ Event = (
     | FreeQueueRead
     | PrefixCacheReset
     | ShutdownRequested
+    | ChunksMissing
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -177,6 +198,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     FreeQueueRead,
     PrefixCacheReset,
     ShutdownRequested,
+    ChunksMissing,
 )
 # Answers report a command's result; every other event is an observation.
 ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)

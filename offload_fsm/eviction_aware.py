@@ -25,8 +25,9 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   (``FreeQueueRead``), until nothing new is pinned or the cap is spent.
 * The *pin budget* (``ea_planner``) keeps the running requests' reserve free.
 
-Content dedup (``dedup``) trims chunks another batch stored or is storing
-and rejects candidates whose chunks are all stored.
+Content dedup (``dedup``) trims chunks another batch stored, stores again
+(or waits for, when waiting cannot lose them) chunks another batch is
+storing, and rejects candidates whose chunks are all stored.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ Three tables, the only place legality lives:
   CLOSED (shut down, or poisoned by a failed step) accepts nothing: ``step``
   raises :class:`MachinePoisoned` before the table is consulted.
 * :data:`REQUEST_LEGAL`: a request-scoped observation, by the phase of the
-  request it names -> ``None`` (legal) or why it is not.
+  request it names -> ``None`` (legal) or why it is not. Observations that
+  name no request (``StepScheduled``, ``ReceiptsArrived``, which names
+  several, ``PrefixCacheReset``, ``ShutdownRequested``, ``ChunksMissing``,
+  keyed by content) are legal whenever the machine is OPEN.
 * :data:`OP_MOVES`: an op's status -> the statuses it may move to
   (:func:`move` is the only writer of ``Op.status``).
 

@@ -47,6 +47,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     8: ("FreeQueueRead", ("window_block_ids",)),
     9: ("PrefixCacheReset", ()),
     10: ("ShutdownRequested", ()),
+    11: ("ChunksMissing", ("chunk_keys",)),
     100: ("OpRejected", ("req_id", "start_token", "end_token", "reason")),
     101: ("OpsSelected",
           ("req_id", "batch_id", "start_token", "end_token", "ops", "reason", "rank")),
@@ -61,6 +62,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     108: ("BatchOrphaned", ("req_id", "batch_id")),
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
     110: ("StoreAbandoned", ("req_id", "batch_id", "ops", "tokens", "receipts", "waited_s")),
+    111: ("StoredChunksForgotten", ("chunk_keys", "reported")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),
     201: ("ReadHashes", ("batch_id", "block_ids")),
     202: ("SubmitStore", ("batch_id", "req_id", "start_token", "end_token", "block_ids")),
@@ -74,7 +76,7 @@ ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
     SelectReason: ("window", "cascade", "shielded", "overdue", "fifo"),
     DropCause: ("evicted", "preempted", "id_reuse", "store_failed", "stale", "cache_reset",
                 "shutdown", "duplicate"),
-    HoldReason: ("drain_cap", "pin_budget", "in_flight"),
+    HoldReason: ("drain_cap", "pin_budget", "in_flight", "claimed"),
     IgnoreReason: ("unknown_request", "excess_count", "lease_expired"),
 }
 
@@ -167,7 +169,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 11, 99, 111, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 12, 99, 112, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
 from offload_fsm import ConfigError, OffloadConfig, Policy, parse_config
@@ -202,3 +203,53 @@ def test_a_file_bound_above_the_total_is_refused() -> None:
 def test_a_misspelt_log_bound_suggests_the_key(typo: str, suggestion: str) -> None:
     with pytest.raises(ConfigError, match=f"did you mean {suggestion!r}"):
         parse_config({typo: 8})
+
+
+# -- a config built directly validates itself ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("horizon_steps", math.nan, "finite number > 0"),
+        ("horizon_steps", 0.0, "finite number > 0"),
+        ("max_deferral_seconds", math.inf, "finite number >= 0"),
+        ("receipt_lease_s", -1.0, "finite number >= 0"),
+        ("max_drain_per_step", 0, "integer >= 1"),
+        ("threshold", True, "integer >= 1"),
+        ("threshold", "8", "a value of type int"),
+        ("select_count", 2.0, "a value of type int"),
+        ("enabled", 1, "JSON boolean"),
+        ("policy", "FIFO", "a value of type Policy"),
+        ("log_dir", 7, "directory path"),
+        ("log_pub_endpoint", "nowhere", "ZeroMQ endpoint"),
+        ("log_max_total_mib", math.nan, "finite number > 0"),
+        ("log_max_file_mib", 2048.0, "at most"),
+    ],
+)
+def test_a_config_built_directly_refuses_a_bad_field_by_name(
+    field: str, value: object, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        OffloadConfig(**{field: value})  # type: ignore[arg-type]
+    assert raised.value.key == field and raised.value.value is value
+    assert allowed in str(raised.value)
+
+
+def test_a_nan_horizon_never_reaches_the_first_token_step() -> None:
+    from offload_fsm import new_state
+    from offload_fsm.ea_planner import danger_depth
+
+    with pytest.raises(ConfigError, match="horizon_steps"):
+        new_state(OffloadConfig(enabled=True, horizon_steps=math.nan), world_size=1)
+    with pytest.raises(ValueError):  # what the first token step used to raise
+        danger_depth(1.0, 0, math.nan)
+
+
+def test_a_config_built_directly_keeps_valid_typed_values() -> None:
+    config = OffloadConfig(enabled=True, policy=Policy.FIFO, threshold=3, horizon_steps=1,
+                           log_dir=None, log_max_total_mib=8.0, log_max_file_mib=8.0)
+    assert (config.threshold, config.horizon_steps, config.log_dir) == (3, 1, None)
+    assert attrs.evolve(config, threshold=4).threshold == 4
+    with pytest.raises(ConfigError, match="threshold"):
+        attrs.evolve(config, threshold=0)

@@ -496,6 +496,35 @@ def test_pin_budget_charges_live_requests_only_for_window_blocks() -> None:
     assert step.one(OpsSelected).req_id == "live"
 
 
+def test_pin_budget_charges_a_block_two_selections_share_once() -> None:
+    h = harness()
+    h.queue = [1, 2, 3]
+    h.hashes.update({1: 501, 2: 502, 3: 503})
+    h.arrive("a", "b")
+    h.offer("a", blocks=(1, 2))
+    h.offer("b", blocks=(1, 3))  # a prefix-cache hit on block 1
+    h.finish("a", "b", free=3)
+    step = h.tick(allocated=2, requests=0)  # headroom 3: pinning both takes 3 blocks
+    assert [d.req_id for d in step.of(OpsSelected)] == ["a", "b"]
+    assert step.of(OpsHeld) == []
+    assert [c.req_id for c in step.of(SubmitStore)] == ["a", "b"]
+
+
+def test_pin_budget_does_not_charge_a_block_already_protected() -> None:
+    h = harness()
+    h.queue = [1, 2, 3, 4]
+    h.hashes.update({1: 501, 2: 502, 3: 503, 4: 504})
+    h.arrive("a")
+    h.offer("a", blocks=(1, 2))
+    h.finish("a", free=4)
+    h.tick(allocated=2, requests=0)  # a in flight: blocks 1 and 2 protected
+    h.arrive("b")
+    h.offer("b", blocks=(1, 3))
+    h.finish("b", free=10)  # no shield: the freed blocks land beyond the reach
+    step = h.tick(allocated=2, requests=0, free=1, window=(3,))  # headroom 1: block 3
+    assert step.one(OpsSelected).req_id == "b"
+
+
 # -- the blind-window shield ----------------------------------------------------
 
 

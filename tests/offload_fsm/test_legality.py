@@ -13,6 +13,7 @@ from offload_fsm.commands import ReadFreeQueue, ReadHashes
 from offload_fsm.events import (
     EVENT_TYPES,
     CandidateOffered,
+    ChunksMissing,
     Event,
     FreeQueueRead,
     HashesRead,
@@ -97,6 +98,7 @@ class Setup:
             ReceiptsArrived: lambda: ReceiptsArrived(completed=(), failed=()),
             PrefixCacheReset: PrefixCacheReset,
             ShutdownRequested: ShutdownRequested,
+            ChunksMissing: lambda: ChunksMissing(chunk_keys=(1,)),
             HashesRead: lambda: self.answers.get(
                 HashesRead, HashesRead(batch_id=0, block_hashes=(1, 2))),
             FreeQueueRead: lambda: self.answers.get(

@@ -11,6 +11,7 @@ from offload_fsm import codec, logformat
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.events import (
     CandidateOffered,
+    ChunksMissing,
     FreeQueueRead,
     HashesRead,
     PrefixCacheReset,
@@ -48,6 +49,7 @@ EVERY_EVENT = (
     FreeQueueRead(window_block_ids=(1, 2)),
     PrefixCacheReset(),
     ShutdownRequested(),
+    ChunksMissing(chunk_keys=(2**64 - 1, 7)),
 )
 EMPTY = Outcome(decisions=(), commands=())
 HEADER = Header(seq=0, wall_time_s=1000.0, schema=SCHEMA_VERSION, config={"k": 1},
@@ -72,7 +74,8 @@ def test_every_event_round_trips(event: Any) -> None:
 def test_every_record_kind_round_trips() -> None:
     records = [
         HEADER,
-        Inputs(seq=0, wall_time_s=1000.0, events=EVERY_EVENT, checks=tuple(range(10))),
+        Inputs(seq=0, wall_time_s=1000.0, events=EVERY_EVENT,
+               checks=tuple(range(len(EVERY_EVENT)))),
         Digest(seq=9, wall_time_s=1001.0, digest="00ff00ff00ff00ff"),
         Gap(seq=10, wall_time_s=1002.0, lost_count=3),
         End(seq=13, wall_time_s=1003.0, events_total=13, digest=""),
@@ -100,7 +103,7 @@ def test_wire_tags_are_stable() -> None:
     """Renumbering breaks every recorded log: these values are forever."""
     assert (logformat.HEADER, logformat.INPUTS, logformat.DIGEST, logformat.GAP,
             logformat.END) == (1, 2, 3, 4, 5)
-    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
 
 def test_unknown_tags_and_bad_payloads() -> None:
