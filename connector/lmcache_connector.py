@@ -34,6 +34,8 @@ import os
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from connector import metrics
 from connector.manager import EventSourcedManager
@@ -141,6 +143,24 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             SelectReason.WINDOW
         return metrics.LazyOffloadPromMetrics(vllm_config, metric_types, labelnames,
                                               per_engine_labelvalues, primary_reason=primary)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """LMCache's lookup, then what it showed about the chunks our core
+        remembers stored (``EventSourcedManager.on_lookup_result``)."""
+        result: tuple[int | None, bool] = super().get_num_new_matched_tokens(
+            request, num_computed_tokens)
+        manager = getattr(self, "_lazy_offload_manager", None)
+        if result[0] is not None and isinstance(manager, EventSourcedManager):
+            tracker = self.request_trackers.get(request.request_id)
+            if (tracker is not None and tracker.lookup_started_at is None
+                    and tracker.state is not LMCacheMPRequestState.BYPASS_LMCACHE):
+                # The fingerprints of blocks.hashes_of: a block's hash carries its group.
+                manager.on_lookup_result(
+                    request.request_id, int(tracker.num_lmcache_hit_tokens),
+                    [hash(make_block_hash_with_group_id(h, 0)) for h in request.block_hashes])
+        return result
 
     def reset_cache(self) -> Any:
         result = super().reset_cache()

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
@@ -60,6 +60,7 @@ from offload_fsm.drain_only import DrainOnly
 from offload_fsm.errors import CommandFailed, StepFailed
 from offload_fsm.events import (
     CandidateOffered,
+    ChunksMissing,
     Event,
     FreeQueueRead,
     HashesRead,
@@ -201,6 +202,27 @@ class EventSourcedManager:
         """vLLM reset its prefix cache (every block hash is gone)."""
         if self._drain is None:
             self._guarded(self._feed, PrefixCacheReset())
+
+    def on_lookup_result(
+        self, request_id: str, hit_tokens: int, block_fingerprints: Sequence[int]
+    ) -> None:
+        """LMCache's lookup found the first ``hit_tokens`` of ``request_id``'s
+        prefix on the server; ``block_fingerprints`` are the request's full
+        blocks' hash fingerprints (``blocks.hashes_of`` values), in order.
+        Every chunk beyond the hit that the core remembers stored is gone
+        from the server (its L1 is LRU; retrieval stops at the first missing
+        chunk, so the ones after it are of no use either): report them as
+        ``ChunksMissing``, keyed as ``Op.chunk_keys`` (each chunk's last
+        block). Needs one block stride (a single KV group)."""
+        per_chunk = self._blocks_per_chunk
+        if self._drain is not None or self._closed or not per_chunk:
+            return
+        stored = self.state.stored_keys  # read-only: the core's stored-content memory
+        first = hit_tokens // (per_chunk * self._group_tokens_per_block[0])
+        keys = tuple(key for key in block_fingerprints[(first + 1) * per_chunk - 1 :: per_chunk]
+                     if key in stored)
+        if keys:
+            self._guarded(self._feed, ChunksMissing(chunk_keys=keys))
 
     # -- observations -----------------------------------------------------
 
