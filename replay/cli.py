@@ -1,9 +1,10 @@
 """``lazy-offload-replay`` / ``python -m replay``: verify, explain, summarise,
-what-if and plot a recorded run, or tail a live one.
+what-if, diff and plot recorded runs, or tail a live one.
 
-Exit codes: 0 ok; 1 divergence or a rejected event (verify) or a ledger that
-does not close (summary); 2 usage error (bad arguments, no such log); 3 corruption (a
-damaged record, a lost event, no header). Damage is reported on stderr.
+Exit codes: 0 ok; 1 divergence or a rejected event (verify), a ledger that
+does not close (summary), or two logs that part (diff); 2 usage error (bad
+arguments, no such log); 3 corruption (a damaged record, a lost event, no
+header). Damage is reported on stderr.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
+from replay import diff as diff_mod
 from replay import explain as explain_mod
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
@@ -51,6 +54,20 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--policy", choices=("FIFO", "EVICTION_AWARE"))
     command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="a config knob, e.g. max_drain_per_step=32 (repeatable)")
+    command.add_argument("--out", metavar="DIR",
+                         help="also write the what-if re-run as a log in DIR/whatif and the "
+                              "re-simulated original in DIR/original (for diff)")
+    command = sub.add_parser("diff", help="the first event where two logs part, and their "
+                                          "final counters")
+    command.add_argument("log_a", help="a .lolog file or a directory of one run")
+    command.add_argument("log_b", help="the other log")
+    command.add_argument("--prefix-a", help="which run of log_a")
+    command.add_argument("--prefix-b", help="which run of log_b")
+    command.add_argument("--full", action="store_true",
+                         help="walk every event from 0 instead of bisecting by digests")
+    command.add_argument("--no-ledgers", action="store_true",
+                         help="skip the final counters (saves a replay of each last file)")
+    command.add_argument("--json", action="store_true", help="machine-readable output")
     command = log_command("timeline", "plot the run per step", json_flag=False)
     command.add_argument("-o", "--output", required=True, help="FILE.html, FILE.svg or FILE.png")
     command = sub.add_parser("tail", help="follow a live event stream (ZeroMQ SUB)")
@@ -208,8 +225,9 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     assert result.state is not None
     _warn_rejected(result, err)
     recorded = summary_mod.summarize(result.state, observer)
-    resim = whatif_mod.simulate(original, header.world_size, events)
-    whatif = whatif_mod.simulate(config, header.world_size, events)
+    resim = whatif_mod.simulate(original, header.world_size, events,
+                                out=_out(args.out, "original"))
+    whatif = whatif_mod.simulate(config, header.world_size, events, out=_out(args.out, "whatif"))
     rows = whatif_mod.compare(recorded, resim, whatif)
     if args.json:
         json.dump({"original": whatif_mod.describe(original),
@@ -231,6 +249,26 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for problem in problems:
         print(f"damage: {problem}", file=err)
     return EXIT_CORRUPT if problems else EXIT_OK
+
+
+def _out(directory: str | None, name: str) -> str | None:
+    return None if directory is None else str(Path(directory) / name)
+
+
+def _diff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    result = diff_mod.diff_logs(args.log_a, args.log_b, prefix_a=args.prefix_a,
+                                prefix_b=args.prefix_b, full=args.full,
+                                ledgers=not args.no_ledgers)
+    if args.json:
+        json.dump(diff_mod.to_json(result), out, indent=2)
+        out.write("\n")
+    else:
+        print(diff_mod.format_diff(result, args.log_a, args.log_b), file=out)
+    for problem in result.damage:
+        print(f"damage: {problem}", file=err)
+    if result.damage:
+        return EXIT_CORRUPT
+    return EXIT_OK if result.identical else EXIT_DIVERGED
 
 
 def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -260,7 +298,7 @@ def _tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 _COMMANDS: dict[str, Any] = {
     "verify": _verify, "explain": _explain, "summary": _summary, "whatif": _whatif,
-    "timeline": _timeline, "tail": _tail,
+    "timeline": _timeline, "tail": _tail, "diff": _diff,
 }
 
 

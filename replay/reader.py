@@ -14,6 +14,7 @@ schema and reported as ``missing_header``. Nothing is ever silently skipped.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,66 @@ def read_log(
     """Every entry and damage of the run at ``path``, in order."""
     for file in run_files(path, prefix):
         yield from read_file(file)
+
+
+# --------------------------------------------------------------------------
+# Peeking at payloads without decoding them (``replay diff``'s index).
+
+_ARRAY_START = {0xDC: 3, 0xDD: 5}  # array16, array32: bytes before the first item
+_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xCA: 4, 0xCB: 8}
+
+
+@attrs.frozen(kw_only=True)
+class Chunk:
+    """An INPUTS record located, not decoded: events ``first_seq`` to
+    ``end_seq - 1``, and ``key``, a CRC32 of its body after the envelope's
+    wall clock, so equal keys mean equal events and checks."""
+
+    path: str
+    offset: int
+    first_seq: int
+    end_seq: int
+    key: int
+
+
+def payload_kind(payload: bytes) -> int:
+    """The envelope kind of a payload, without decoding it (-1 if odd)."""
+    if not payload:
+        return -1
+    first = payload[0]
+    at = 1 if 0x90 <= first <= 0x9F else _ARRAY_START.get(first, -1)
+    if at < 0 or at >= len(payload):
+        return -1
+    return payload[at] if payload[at] < 0x80 else -1
+
+
+def _uint(payload: bytes, at: int) -> tuple[int, int]:
+    """A msgpack unsigned int (or a float, value 0) at ``at``: (value, next)."""
+    first = payload[at]
+    if first < 0x80:
+        return first, at + 1
+    size = _UINT_BYTES[first]
+    if first in (0xCA, 0xCB):
+        return 0, at + 1 + size
+    return int.from_bytes(payload[at + 1 : at + 1 + size], "big"), at + 1 + size
+
+
+def input_chunk(path: str, offset: int, payload: bytes) -> Chunk | None:
+    """The :class:`Chunk` of an INPUTS payload (None if its envelope is odd)."""
+    try:
+        first = payload[0]
+        if 0x90 <= first <= 0x9F:
+            items, at = first & 0x0F, 1
+        elif first == 0xDC:
+            items, at = int.from_bytes(payload[1:3], "big"), 3
+        elif first == 0xDD:
+            items, at = int.from_bytes(payload[1:5], "big"), 5
+        else:
+            return None
+        at += 1  # the kind
+        seq, at = _uint(payload, at)
+        _, at = _uint(payload, at)  # the wall clock: not part of the key
+    except (IndexError, KeyError):
+        return None
+    return Chunk(path=path, offset=offset, first_seq=seq, end_seq=seq + (items - 3) // 2,
+                 key=zlib.crc32(memoryview(payload)[at:]))

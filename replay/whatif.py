@@ -22,6 +22,12 @@ be recovered from the log. So the answers are *synthesised* here:
   at the first recorded receipt event at least one step later; a recorded
   failure of a request fails its counterfactual store in flight then.
 
+With ``out`` (``whatif --out DIR``), :func:`simulate` also writes its run
+as a log (:class:`LogWriter`: the recorder's record layout, one INPUTS
+record per step, a digest on the recorder's spacing, full outcomes), so
+``replay diff`` can compare it with the recorded run or with the other
+re-run, and every ``replay`` analysis reads it.
+
 To calibrate the estimate, the original settings are re-run through the same
 synthetic world: the distance between that and the recorded outcome is a
 lower bound on the estimate's error. Treat the what-if as a direction, not
@@ -31,10 +37,14 @@ a number.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from offload_fsm.codec import state_digest
 from offload_fsm.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
 from offload_fsm.config import PREFIX, OffloadConfig, parse_recorded_config
 from offload_fsm.errors import InvalidEvent, MachinePoisoned
@@ -48,8 +58,18 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.logformat import Header, Inputs
-from offload_fsm.machine import drive, watches, window_depth
+from offload_fsm.framing import frame
+from offload_fsm.logfiles import file_name
+from offload_fsm.logformat import (
+    SCHEMA_VERSION,
+    Header,
+    Inputs,
+    encode_digest,
+    encode_end,
+    encode_header,
+    encode_inputs,
+)
+from offload_fsm.machine import Outcome, drive, watches, window_depth
 from offload_fsm.state import State, new_state
 from replay.reader import LogDamage, read_log
 from replay.summary import SummaryObserver, summarize
@@ -188,21 +208,87 @@ class _SyntheticWorld:
                             reallocated=tuple(reallocated.items()))
 
 
+class LogWriter:
+    """A synchronous, single-file log of a re-run, laid out as the connector's
+    recorder lays out its first file (replay never imports the connector):
+    header, one INPUTS record per scheduler step, a DIGEST every
+    ``digest_every`` events (at least 64 per live request, as the recorder
+    spaces them, so two logs of the same inputs hold digests at the same
+    ``seq``), END with the final digest. Outcomes are written in full."""
+
+    def __init__(self, directory: str | os.PathLike[str], config: OffloadConfig,
+                 world_size: int, *, digest_every: int = 1000, prefix: str = "whatif") -> None:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self._file = open(path / file_name(prefix, 0), "xb")  # noqa: SIM115 (closed in close)
+        self._created_s = time.time()
+        self._digest_every = digest_every
+        self._next_digest = digest_every
+        self._seq = 0
+        self._batch: list[tuple[Event, Outcome]] = []
+        self._batch_seq = 0
+        header = Header(seq=0, wall_time_s=self._created_s, schema=SCHEMA_VERSION,
+                        config=config.to_wire(), policy=config.policy.value,
+                        world_size=world_size,
+                        versions={"package": "replay whatif", "vllm": "", "lmcache": ""},
+                        created_s=self._created_s, digest_every=digest_every,
+                        full_outcomes=True)
+        self._write(encode_header(header))
+
+    def _write(self, payload: bytes) -> None:
+        self._file.write(frame(payload))
+
+    def _ms(self) -> int:
+        return round((time.time() - self._created_s) * 1000.0)
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._write(encode_inputs(self._batch_seq, self._ms(), self._batch,
+                                      full_outcomes=True))
+            self._batch = []
+            self._batch_seq = self._seq
+
+    def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        if not applied:
+            return
+        self._batch.extend(applied)
+        self._seq += len(applied)
+        if type(applied[0][0]) is StepScheduled or len(self._batch) >= 256:
+            self._flush()
+        if self._seq >= self._next_digest > 0:
+            live = len(state.requests) + len(state.batches)
+            self._next_digest = self._seq + max(self._digest_every, 64 * live)
+            self._flush()
+            self._write(encode_digest(self._seq - 1, self._ms(), state_digest(state)))
+
+    def close(self, state: State | None) -> None:
+        self._flush()
+        digest = state_digest(state) if state is not None and not state.poisoned else ""
+        self._write(encode_end(self._seq, self._ms(), self._seq, digest))
+        self._file.close()
+
+
 def simulate(
-    config: OffloadConfig, world_size: int, events: list[Event]
+    config: OffloadConfig, world_size: int, events: list[Event],
+    *, out: str | os.PathLike[str] | None = None, digest_every: int = 1000,
 ) -> dict[str, Any]:
-    """Feed the recorded observations to a fresh core under ``config``."""
+    """Feed the recorded observations to a fresh core under ``config`` (and,
+    with ``out``, write the run as a log there)."""
     state = new_state(config, world_size=world_size)
     world = _SyntheticWorld(state)
     observer = SummaryObserver()
+    writer = LogWriter(out, config, world_size, digest_every=digest_every) if out else None
     seq = 0
     error = ""
 
     def feed(event: Event) -> None:
         nonlocal seq
-        for applied_event, outcome in drive(state, event, world.execute):
+        applied = drive(state, event, world.execute)
+        for applied_event, outcome in applied:
             observer(seq, applied_event, outcome, state)
             seq += 1
+        if writer is not None:
+            writer.record(applied, state)
 
     offered: list[CandidateOffered] = []
     try:
@@ -238,6 +324,8 @@ def simulate(
                 feed(event)
     except (InvalidEvent, MachinePoisoned) as failure:
         error = f"the recorded observations became inconsistent at input {seq}: {failure}"
+    if writer is not None:
+        writer.close(state)
     result = summarize(state, observer)
     result["estimate"] = {"reallocation_conflicts": world.conflicts,
                           "window_blocks_padded": world.padded_blocks, "error": error}

@@ -1,0 +1,123 @@
+"""replay diff: identical logs, the first altered outcome or input (found
+with and without the digest bisection), a what-if re-run, damage, usage."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import msgpack
+
+from offload_fsm.framing import Record, frame, scan
+from replay.cli import main
+from replay.diff import diff_logs
+from tests.replay.conftest import record_workload
+
+
+def _copy_altering(source: Path, target: Path, change) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    shutil.copytree(source, target)
+    path = target / "run-000000.lolog"
+    out = []
+    altered: dict[str, int] = {}
+    for item in scan(path.read_bytes()):
+        assert isinstance(item, Record)
+        out.append(frame(change(item.payload, altered)))
+    path.write_bytes(b"".join(out))
+    return altered
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _alter_check_after(threshold: int):  # type: ignore[no-untyped-def]
+    def change(payload: bytes, altered: dict[str, int]) -> bytes:
+        item = list(msgpack.unpackb(payload))
+        if item[0] == 2 and not altered and item[1] >= threshold:
+            for i in range(4, len(item), 2):
+                if item[i]:
+                    item[i] ^= 1
+                    altered["seq"] = item[1] + (i - 4) // 2
+                    break
+        return msgpack.packb(item)
+    return change
+
+
+def test_a_log_is_identical_to_itself(mixed_log: Path) -> None:
+    code, out, _ = _run("diff", str(mixed_log), str(mixed_log))
+    assert code == 0, out
+    assert out.startswith("identical:")
+    assert "final counters" in out
+
+
+def test_the_first_altered_outcome_is_found(mixed_log: Path, tmp_path: Path) -> None:
+    altered = _copy_altering(mixed_log, tmp_path / "b", _alter_check_after(800))
+    for full in (False, True):
+        result = diff_logs(mixed_log, tmp_path / "b", full=full, ledgers=False)
+        assert not result.identical
+        assert (result.kind, result.seq) == ("outcome", altered["seq"])
+        assert result.a is not None and result.b is not None
+        assert "matches the recorded check" in result.a.outcome
+        assert "this code gives" in result.b.outcome
+    code, out, _ = _run("diff", str(mixed_log), str(tmp_path / "b"))
+    assert code == 1
+    assert f"DIVERGED at seq {altered['seq']} (outcome)" in out
+
+
+def test_an_altered_input_is_found(mixed_log: Path, tmp_path: Path) -> None:
+    def change(payload: bytes, altered: dict[str, int]) -> bytes:
+        item = list(msgpack.unpackb(payload))
+        if item[0] == 2 and not altered and item[1] >= 500:
+            for i in range(3, len(item), 2):
+                if item[i][0] == 4:  # RequestFinished: free_blocks
+                    event = list(item[i])
+                    event[2] += 1
+                    item[i] = event
+                    altered["seq"] = item[1] + (i - 3) // 2
+                    break
+        return msgpack.packb(item)
+
+    altered = _copy_altering(mixed_log, tmp_path / "b", change)
+    result = diff_logs(mixed_log, tmp_path / "b", ledgers=False)
+    assert (result.kind, result.seq) == ("input", altered["seq"]), result.detail
+    assert "free_blocks" in result.detail
+
+
+def test_two_policies_diverge_and_their_ledgers_differ(tmp_path: Path) -> None:
+    from offload_fsm.config import Policy
+    from offload_fsm.testing.synthetic import default_config
+
+    logs = []
+    for policy in (Policy.EVICTION_AWARE, Policy.FIFO):
+        directory, _ = record_workload(tmp_path / policy.value, config=default_config(policy),
+                                       requests=40, seed=2, pool_blocks=48, concurrency=6)
+        logs.append(str(directory))
+    code, out, _ = _run("diff", *logs)
+    assert code == 1
+    assert "DIVERGED at seq" in out
+    assert "final counters" in out and "B-A" in out
+
+
+def test_whatif_out_writes_logs_that_diff_reads(mixed_log: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "whatif"
+    code, _, err = _run("whatif", str(mixed_log), "--policy", "FIFO", "--out", str(out_dir))
+    assert code == 0, err
+    for name in ("original", "whatif"):
+        assert _run("verify", str(out_dir / name))[0] == 0
+    assert _run("diff", str(out_dir / "original"), str(out_dir / "original"))[0] == 0
+    code, out, _ = _run("diff", str(out_dir / "original"), str(out_dir / "whatif"))
+    assert code == 1
+    assert "A " in out and "B " in out and "outcome:" in out
+
+
+def test_damage_and_usage(mixed_log: Path, tmp_path: Path) -> None:
+    shutil.copytree(mixed_log, tmp_path / "b")
+    path = tmp_path / "b" / "run-000000.lolog"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert _run("diff", str(mixed_log), str(tmp_path / "b"))[0] == 3
+    assert _run("diff", str(mixed_log), str(tmp_path / "nothing"))[0] == 2
