@@ -22,7 +22,7 @@ from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
 from replay.reader import UsageError
-from replay.runner import ReplayResult, config_of, replay
+from replay.runner import ReplayResult, config_of, replay, replay_parallel
 
 EXIT_OK = 0
 EXIT_DIVERGED = 1
@@ -44,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("--json", action="store_true", help="machine-readable output")
         return command
 
-    log_command("verify", "re-run the core and compare every outcome and digest")
+    command = log_command("verify", "re-run the core and compare every outcome and digest")
+    command.add_argument("--workers", type=int, default=1,
+                         help="replay the run's files on N processes (0: one per core); each "
+                              "file starts from its own snapshot, the seams are checked")
     command = log_command("explain", "the story of one request's store ops")
     command.add_argument("--request", required=True, help="request id")
     command.add_argument("--tokens", help="only ops overlapping START:END")
@@ -142,7 +145,10 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
 
 
 def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    result = replay(args.log, prefix=args.prefix)
+    if args.workers < 0:
+        raise UsageError("--workers must be >= 0")
+    result = (replay(args.log, prefix=args.prefix) if args.workers == 1 else
+              replay_parallel(args.log, prefix=args.prefix, workers=args.workers))
     divergence = result.divergence
     rejection = result.rejection
     code = EXIT_DIVERGED if divergence is not None or rejection is not None else (
