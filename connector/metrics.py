@@ -117,8 +117,11 @@ COUNTER_FAMILIES += tuple(
 
 GAUGES: Final[dict[str, str]] = {
     "buffered_ops": "Store ops buffered now (the ledger's pending term).",
+    "buffered_tokens": "Tokens of the buffered store ops.",
     "verifying_ops": "Store ops selected whose hashes are being re-read now.",
+    "verifying_tokens": "Tokens of the verifying store ops.",
     "in_flight_ops": "Store ops submitted to LMCache and awaiting receipts now.",
+    "in_flight_tokens": "Tokens of the in-flight store ops.",
     "in_flight_batches": "Store batches submitted and awaiting receipts now.",
     "pinned_blocks": "GPU blocks lazy offload holds a protection on now.",
     "shielded_ops": "Buffered store ops protected now (shielded at finish).",
@@ -202,9 +205,9 @@ class StatsSource:
 
     Reads only: the core's ``state`` (counters, buffers, batches, pins) and
     the manager's ``draining``; in drain-only mode the shell's own pin ledger
-    and in-flight stores. Per call: one pass over the counters (a few dozen),
-    one over the requests with buffered ops and one over in-flight batches;
-    the oldest-op age is O(1) amortized (see :meth:`_oldest_age`).
+    and in-flight stores. Per call: one pass over the counters (a few dozen)
+    and one over the buffered and in-flight ops (the ledger's live terms, in
+    ops and tokens); the oldest-op age is O(1) amortized (:meth:`_oldest_age`).
     """
 
     def __init__(self, manager: Any, recorder: Any = None) -> None:
@@ -231,13 +234,19 @@ class StatsSource:
         return deltas, changed
 
     def gauges(self, state: Any) -> dict[str, int]:
-        buffered = sum(len(rec.ops) for rec in state.pending.values())
-        verifying = in_flight = in_flight_batches = 0
+        buffered = buffered_tokens = 0
+        for rec in state.pending.values():
+            buffered += len(rec.ops)
+            buffered_tokens += sum(op.tokens for op in rec.ops)
+        verifying = in_flight = in_flight_batches = verifying_tokens = in_flight_tokens = 0
         for batch in state.batches.values():
+            tokens = sum(op.tokens for op in batch.ops)
             if batch.status.value == "verifying":
                 verifying += len(batch.ops)
+                verifying_tokens += tokens
             else:
                 in_flight += len(batch.ops)
+                in_flight_tokens += tokens
                 in_flight_batches += 1
         shielded = 0
         for req_id in state.shielded:
@@ -256,8 +265,11 @@ class StatsSource:
         writer = getattr(self._recorder, "writer", None)
         return {
             "buffered_ops": buffered,
+            "buffered_tokens": buffered_tokens,
             "verifying_ops": verifying,
+            "verifying_tokens": verifying_tokens,
             "in_flight_ops": in_flight,
+            "in_flight_tokens": in_flight_tokens,
             "in_flight_batches": in_flight_batches,
             "pinned_blocks": pinned,
             "shielded_ops": shielded,

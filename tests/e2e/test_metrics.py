@@ -1,0 +1,173 @@
+"""``/metrics`` of the real OpenAI server with our connector against a real LMCache
+server: the ``vllm:lazy_offload_*`` families arrive through vLLM's connector-stats
+path, they move with the traffic, LMCache's own lookup histogram is still there, and
+the ledger closes from the scraped values alone (in ops and in tokens):
+
+    admitted = buffered + verifying + in_flight + stored + failed + abandoned + sum(dropped)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.lmcache_server import LMCacheServer, free_port
+
+pytestmark = pytest.mark.e2e
+
+READY_TIMEOUT_S = 180.0
+SETTLE_TIMEOUT_S = 60.0
+P = "vllm:lazy_offload_"
+
+
+def _get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return int(response.status), response.read().decode()
+
+
+def _post_json(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``: (name, sorted labels minus model/engine) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k not in ("model_name", "engine")))
+            key = (sample.name, labels)
+            samples[key] = samples.get(key, 0.0) + sample.value
+    return samples
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def by_label(samples: dict[Any, float], name: str) -> dict[str, float]:
+    return {dict(labels).popitem()[1]: v for (n, labels), v in samples.items()
+            if n == name and labels}
+
+
+def ledger(samples: dict[Any, float], unit: str) -> tuple[float, float]:
+    """(admitted, sum of the right-hand terms) from scraped values only."""
+    admitted = value(samples, f"{P}admitted_{unit}_total")
+    right = sum(by_label(samples, f"{P}dropped_{unit}_total").values())
+    right += sum(value(samples, f"{P}{term}_{unit}_total")
+                 for term in ("stored", "failed", "abandoned"))
+    right += sum(value(samples, f"{P}{live}_{unit}") for live in ("buffered", "verifying",
+                                                                  "in_flight"))
+    return admitted, right
+
+
+@pytest.fixture
+def api_server(tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path
+               ) -> Iterator[tuple[int, Path]]:
+    port = free_port()
+    kv_transfer_config = {
+        "kv_connector": "EventSourcedLMCacheMPConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": lmcache_server.connector_config(**{
+            "lmcache.mp.lazy_offload": True,
+            "lmcache.mp.lazy_offload_policy": "FIFO",
+            "lmcache.mp.lazy_offload_threshold": 1,
+            "lmcache.mp.lazy_offload_select_count": 10,
+            "lmcache.mp.lazy_offload_log_dir": str(tmp_path / "events"),
+        }),
+    }
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
+        "--enable-prefix-caching", "--enforce-eager", "--num-gpu-blocks-override", "128",
+        "--kv-transfer-config", json.dumps(kv_transfer_config),
+    ]
+    log_path = tmp_path / "api_server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                if server.poll() is not None:
+                    pytest.fail(f"api server exited early:\n{log_path.read_text()[-4000:]}")
+                try:
+                    if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"api server not ready:\n{log_path.read_text()[-4000:]}")
+                time.sleep(1.0)
+            yield port, log_path
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def test_metrics_move_and_the_ledger_closes_from_a_scrape(
+    api_server: tuple[int, Path], tiny_model_dir: Path
+) -> None:
+    port, log_path = api_server
+    before = scrape(port)
+    assert (f"{P}admitted_ops_total", ()) in before, "lazy-offload metrics are not exported"
+    assert value(before, f"{P}draining") == 0
+    assert set(by_label(before, f"{P}dropped_ops_total")) >= {"stale", "evicted", "duplicate"}
+
+    rng = random.Random(0)
+    system = [rng.randrange(3, 2048) for _ in range(512)]
+    for _ in range(4):  # FIFO threshold 1: each request's stores go out on a later step
+        prompt = system + [rng.randrange(3, 2048) for _ in range(300)]
+        reply = _post_json(f"http://127.0.0.1:{port}/v1/completions", {
+            "model": str(tiny_model_dir), "prompt": prompt, "max_tokens": 8,
+            "temperature": 0.0, "ignore_eos": True})
+        assert reply["usage"]["completion_tokens"] == 8
+
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:  # receipts arrive a few steps later; scrape until a store is counted
+        after = scrape(port)
+        closes = all(left == right for left, right in
+                     (ledger(after, "ops"), ledger(after, "tokens")))
+        if value(after, f"{P}stored_ops_total") > 0 and closes:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"no settled store or the ledger does not close: ops "
+                        f"{ledger(after, 'ops')} tokens {ledger(after, 'tokens')}\n"
+                        f"{log_path.read_text(errors='replace')[-3000:]}")
+        time.sleep(1.0)
+
+    assert value(after, f"{P}admitted_ops_total") > value(before, f"{P}admitted_ops_total")
+    assert value(after, f"{P}submitted_ops_total") >= value(after, f"{P}stored_ops_total") > 0
+    assert value(after, f"{P}stored_tokens_total") > 0
+    assert value(after, f"{P}selected_ops_total", reason="fifo") > 0
+    assert value(after, f"{P}token_steps_total") > 0
+    assert value(after, f"{P}draining") == 0
+    assert value(after, f"{P}log_items_lost") == 0
+    # LMCache's own metric is kept beside ours.
+    assert value(after, "vllm:lmcache_mp_lookup_duration_seconds_count") > 0
+    lookup = "vllm:lmcache_mp_lookup_duration_seconds_c"  # _count and nothing else
+    excerpt = [line for line in _get(f"http://127.0.0.1:{port}/metrics")[1].splitlines()
+               if line.startswith((P, lookup)) and "_created" not in line]
+    out = Path(os.environ.get("LAZY_OFFLOAD_METRICS_EXCERPT", log_path.with_suffix(".metrics")))
+    out.write_text("\n".join(excerpt) + "\n")
