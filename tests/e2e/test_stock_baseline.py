@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from testkit.engine import shutdown as engine_shutdown
 from testkit.lmcache_server import LMCacheServer
 
 pytestmark = pytest.mark.e2e
@@ -82,7 +83,7 @@ def test_stock_lmcache_eager_store_then_retrieve(
         reset_prefix_cache_when_idle(llm)
         second = llm.generate(prompts, sampling, use_tqdm=False)
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        engine_shutdown(llm)
         del llm
     t_done = time.monotonic()
 

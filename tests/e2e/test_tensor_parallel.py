@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from testkit.engine import shutdown as engine_shutdown
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import (
     CHUNK_TOKENS,
@@ -59,7 +60,7 @@ def run_tp_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) 
         reset_prefix_cache_when_idle(llm)
         second = llm.generate(prompts[:1], sampling, use_tqdm=False)
     finally:
-        llm.llm_engine.engine_core.shutdown()
+        engine_shutdown(llm)
     return {
         "first_ids": [list(o.outputs[0].token_ids) for o in first],
         "second_ids": [list(o.outputs[0].token_ids) for o in second],
