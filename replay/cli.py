@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     command = log_command("explain", "the story of one request's store ops")
     command.add_argument("--request", required=True, help="request id")
     command.add_argument("--tokens", help="only ops overlapping START:END")
+    command.add_argument("--verbose", action="store_true",
+                         help="print every block id (default: count and ranges)")
     command = log_command("summary", "ledger, drop causes, deferral, pinned blocks")
     command.add_argument("--top", type=int, default=10, help="requests listed by loss")
     command = log_command("whatif", "re-run the observations under another policy/knobs")
@@ -184,14 +186,14 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     tokens = _tokens(args.tokens)
-    observer = explain_mod.ExplainObserver(args.request)
+    observer = explain_mod.ExplainObserver(args.request, verbose=args.verbose)
     result = replay(args.log, prefix=args.prefix, observer=observer)
     data = observer.to_json(tokens)
     if args.json:
         json.dump(data, out, indent=2, default=list)
         out.write("\n")
     else:
-        print(explain_mod.format_story(data), file=out)
+        print(explain_mod.format_story(data, args.verbose), file=out)
     code = _report_damage(result, err)
     _warn_rejected(result, err)
     if result.divergence is not None:

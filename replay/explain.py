@@ -8,6 +8,10 @@ and depth), which block was reallocated and to whom (the request whose
 offered chunk next used that block id, when the log shows one), why it was
 rejected, held, dropped, skipped as stale or submitted, and the receipts
 per worker. It also keeps a chronological list of every line.
+
+Block lists are summarised (:func:`blocks_text`: ``blocks=12 [40-47, 90-93]``,
+sorted runs of consecutive ids, at most a few runs shown); with ``verbose``
+every id is printed in the store's own order.
 """
 
 from __future__ import annotations
@@ -66,9 +70,37 @@ class OpStory:
         return attrs.asdict(self)
 
 
+RUNS_SHOWN = 4  # runs of consecutive block ids printed before "+N more"
+
+
+def blocks_text(block_ids: tuple[int, ...] | list[int], verbose: bool = False) -> str:
+    """``blocks=N [a-b, c, ...]``: the count, then runs of consecutive ids (sorted;
+    a store's own order is what ``verbose`` prints, every id as listed)."""
+    return f"blocks={len(block_ids)} {ranges_text(block_ids, verbose)}"
+
+
+def ranges_text(values: tuple[int, ...] | list[int], verbose: bool = False) -> str:
+    """``[a-b, c, ...]``: runs of consecutive values, sorted, at most
+    :data:`RUNS_SHOWN`; ``verbose``: every value in its own order."""
+    if verbose:
+        return str(list(values))
+    ids = sorted(set(values))
+    runs: list[list[int]] = []
+    for block_id in ids:
+        if runs and block_id == runs[-1][1] + 1:
+            runs[-1][1] = block_id
+        else:
+            runs.append([block_id, block_id])
+    shown = [f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:RUNS_SHOWN]]
+    if len(runs) > RUNS_SHOWN:
+        shown.append(f"+{len(runs) - RUNS_SHOWN} more runs")
+    return f"[{', '.join(shown)}]"
+
+
 class ExplainObserver:
-    def __init__(self, req_id: str) -> None:
+    def __init__(self, req_id: str, *, verbose: bool = False) -> None:
         self.req_id = req_id
+        self.verbose = verbose
         self.generation = 0
         self.seen = False
         self.ops: list[OpStory] = []
@@ -113,7 +145,7 @@ class ExplainObserver:
                               f"rejected: {op.cause}", [op])
                 else:
                     self._say(seq, state, f"buffered [{op.start_token}, {op.end_token}) on "
-                              f"blocks {list(event.block_ids)}", [op])
+                              f"{blocks_text(event.block_ids, self.verbose)}", [op])
         elif kind is StepScheduled:
             assert isinstance(event, StepScheduled)
             self._on_step(seq, event, state)
@@ -165,7 +197,8 @@ class ExplainObserver:
                 lost = [b for b in op.block_ids if b in now and now[b] != mine[b]]
                 shared = [b for b in op.block_ids if b in now and now[b] == mine[b]]
                 if lost:
-                    self._say(seq, state, f"block(s) {lost} were reallocated to {where}", [op])
+                    self._say(seq, state, f"{blocks_text(lost, self.verbose)} were reallocated "
+                              f"to {where}", [op])
                 if shared:
                     self._say(seq, state, f"{len(shared)} block(s) shared with {where} "
                               "(prefix-cache hit, content unchanged)", [op])
@@ -296,7 +329,7 @@ class ExplainObserver:
         }
 
 
-def format_story(data: dict[str, Any]) -> str:
+def format_story(data: dict[str, Any], verbose: bool = False) -> str:
     if not data["found"]:
         return f"request {data['req_id']!r} does not appear in the log"
     lines = [f"request {data['req_id']}:"]
@@ -314,7 +347,9 @@ def format_story(data: dict[str, Any]) -> str:
                 outcome += f" reused by {op['reused_by']}"
             outcome += ")"
         risk = (f", at risk at {len(op['at_risk'])} step(s) "
-                f"{[r['step'] for r in op['at_risk']]}" if op["at_risk"] else "")
+                f"{ranges_text([r['step'] for r in op['at_risk']], verbose)}"
+                if op["at_risk"] else "")
         lines.append(f"  [{op['start_token']}, {op['end_token']}){gen}: buffered at step "
-                     f"{op['buffered_step']} on blocks {list(op['block_ids'])}{risk} -> {outcome}")
+                     f"{op['buffered_step']} on {blocks_text(op['block_ids'], verbose)}{risk} "
+                     f"-> {outcome}")
     return "\n".join(lines)

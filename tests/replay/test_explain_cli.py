@@ -142,3 +142,21 @@ def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
     assert any(" inputs " in line for line in lines), lines
     assert any(" end (" in line for line in lines), lines
     assert not any("GAP" in line for line in lines), lines
+
+
+def test_explain_summarises_block_lists_and_verbose_lists_every_id(tmp_path: Path) -> None:
+    from replay.explain import blocks_text
+
+    assert blocks_text((40, 41, 42, 43, 44, 45, 46, 47, 90, 91, 92, 93)) == \
+        "blocks=12 [40-47, 90-93]"
+    assert blocks_text([5]) == "blocks=1 [5]"
+    assert blocks_text([]) == "blocks=0 []"
+    assert blocks_text([1, 3, 5, 7, 9, 11]) == "blocks=6 [1, 3, 5, 7, +2 more runs]"
+    assert blocks_text([3, 2], verbose=True) == "blocks=2 [3, 2]"
+    log = _reuse_before_drain(tmp_path)
+    code, out, _ = _run("explain", str(log), "--request", "A")
+    assert code == 0
+    assert "on blocks=2 [0-1]" in out
+    code, out, _ = _run("explain", str(log), "--request", "A", "--verbose")
+    assert code == 0
+    assert "on blocks=2 [0, 1]" in out
