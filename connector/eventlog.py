@@ -158,6 +158,7 @@ class EventLogWriter:
 
         # Writer-thread state.
         self._items_written = 0
+        self.writing = False  # the writer thread holds an item (testkit.pacing reads it)
         self._records_written = 0
         self._gaps_written = 0
         self._bytes_written = 0
@@ -388,12 +389,14 @@ class EventLogWriter:
             while True:
                 n = 0
                 while n < 4096:
+                    self.writing = True  # before the pop: never "idle" with an item in hand
                     try:
                         item = popleft()
                     except IndexError:
                         break
                     write_item(item)
                     n += 1
+                self.writing = False
                 if self._unflushed and (
                     self._unflushed >= self._flush_bytes
                     or monotonic() - self._last_flush >= self._flush_interval_s

@@ -27,6 +27,7 @@ from offload_fsm.testing.synthetic import default_config, run_workload
 from replay.cli import main
 from replay.reader import read_file
 from replay.runner import replay
+from testkit.pacing import paced
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 
@@ -51,7 +52,7 @@ def _verify(path: Path) -> int:
 def test_every_file_after_the_first_starts_with_header_then_snapshot(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path, max_file_bytes=16_000, digest_every=100)
     world = run_workload(requests=200, seed=5, pool_blocks=64, concurrency=8,
-                         sink=recorder.record)
+                         sink=paced(recorder))
     recorder.close(world.state)
     files = sorted(tmp_path.glob("*.lolog"))
     assert len(files) >= 4
@@ -83,7 +84,7 @@ def test_every_file_after_the_first_starts_with_header_then_snapshot(tmp_path: P
 def test_a_snapshot_that_does_not_match_its_digest_is_not_trusted(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path, max_file_bytes=16_000)
     world = run_workload(requests=80, seed=5, pool_blocks=64, concurrency=8,
-                         sink=recorder.record)
+                         sink=paced(recorder))
     recorder.close(world.state)
     second = sorted(tmp_path.glob("*.lolog"))[1]
     records = _records(second)
@@ -123,12 +124,13 @@ class _Watch:
 
     def __init__(self, recorder: EventRecorder, directory: Path) -> None:
         self.recorder = recorder
+        self.record = paced(recorder)
         self.directory = directory
         self.calls = 0
         self.max_total = 0
 
     def __call__(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
-        self.recorder.record(applied, state)
+        self.record(applied, state)
         self.calls += 1
         if self.calls % 50 == 0:
             time.sleep(0.002)  # let the writer thread catch up, as real steps do
@@ -162,14 +164,14 @@ def test_a_second_run_deletes_the_first_runs_oldest_files_first(tmp_path: Path) 
     max_file, max_total = 12_000, 60_000
     first = _recorder(tmp_path, prefix="a", max_file_bytes=max_file, max_total_bytes=10**9)
     world = run_workload(requests=250, seed=3, pool_blocks=64, concurrency=8,
-                         sink=first.record)
+                         sink=paced(first))
     first.close(world.state)
     first_files = sorted(tmp_path.glob("a-*.lolog"))
     assert _total(tmp_path) > max_total
     time.sleep(0.02)  # distinct modification times
     second = _recorder(tmp_path, prefix="b", max_file_bytes=max_file, max_total_bytes=max_total)
     world = run_workload(requests=60, seed=4, pool_blocks=64, concurrency=8,
-                         sink=second.record)
+                         sink=paced(second))
     second.close(world.state)
     left = sorted(tmp_path.glob("a-*.lolog"))
     assert left == first_files[len(first_files) - len(left):]  # oldest deleted, newest kept
@@ -184,7 +186,7 @@ def test_a_second_run_deletes_the_first_runs_oldest_files_first(tmp_path: Path) 
 def test_retention_never_deletes_the_file_being_written(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path, max_file_bytes=5_000, max_total_bytes=5_000)
     world = run_workload(requests=120, seed=2, pool_blocks=64, concurrency=8,
-                         sink=recorder.record)
+                         sink=paced(recorder))
     recorder.close(world.state)
     files = sorted(tmp_path.glob("*.lolog"))
     assert len(files) == 1 and replay(files[0]).ok
@@ -316,7 +318,7 @@ def test_a_full_disk_that_never_frees_keeps_serving_quietly(
     disk.full = True
     started = time.monotonic()
     world = run_workload(requests=60, seed=5, pool_blocks=64, concurrency=8,
-                         sink=recorder.record)
+                         sink=paced(recorder))
     time.sleep(0.1)
     recorder.close(world.state)
     elapsed = time.monotonic() - started

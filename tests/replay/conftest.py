@@ -8,6 +8,7 @@ import pytest
 from connector.recording import EventRecorder
 from offload_fsm.config import OffloadConfig
 from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_workload
+from testkit.pacing import paced
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 
@@ -19,8 +20,9 @@ def record_workload(
     config = config or default_config()
     recorder = EventRecorder(config, world_size, str(directory), VERSIONS, prefix="run",
                              register_atexit=False, **(recorder_options or {}))
-    world = run_workload(config=config, world_size=world_size, sink=recorder.record,
-                         **workload)
+    # Rotation follows the writer thread: pace the producer like real steps.
+    sink = paced(recorder) if "max_file_bytes" in (recorder_options or {}) else recorder.record
+    world = run_workload(config=config, world_size=world_size, sink=sink, **workload)
     recorder.close(world.state)
     return directory, world
 
