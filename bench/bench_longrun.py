@@ -1,0 +1,204 @@
+"""A long production-like run, recorded by the real recorder, and what the
+replay tool costs on it (not a timed test).
+
+    .venv/bin/python -m bench.bench_longrun [--steps 360000] [--keep DIR]
+
+Generates ``--steps`` scheduler steps (default one hour at 100 steps/s) of a
+decode-heavy serving mix over the fake engine (``offload_fsm.testing.world``):
+up to ``--concurrency`` requests run at once; each prefills 1 to 16 chunks
+(at most 4 requests prefill per step), then decodes 40 to 600 tokens, one per
+step, offering a chunk each time its decode fills one (64 tokens); receipts
+come from every worker 1 to 3 steps after a store, 2 % fail. Every callback
+goes through ``connector.recording.EventRecorder`` (64 MiB files, each after
+the first starting with a snapshot). Then it prints: bytes per step and per
+event, ``replay verify`` steps/s on one core and on every core
+(``--workers 0``), ``explain`` latency for a request near the end, and
+``diff`` time for the log against a copy whose outcome check was altered
+near the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+import msgpack
+
+from connector.recording import EventRecorder
+from offload_fsm.events import CandidateOffered, StepScheduled
+from offload_fsm.framing import Record, frame, scan
+from offload_fsm.machine import watches, window_depth
+from offload_fsm.state import new_state
+from offload_fsm.testing.synthetic import RecordingWorld, default_config
+from offload_fsm.testing.world import FakePool
+from replay.cli import main as replay_main
+
+VERSIONS = {"package": "bench-longrun", "vllm": "", "lmcache": ""}
+
+
+@attrs.define(eq=False)
+class DecodeWorld(RecordingWorld):
+    """The fake engine with decode tokens: a step schedules the offered
+    chunks plus one token per decoding request."""
+
+    def step_with_decode(self, advance: list[str], decode_tokens: int,
+                         next_step_blocks: int) -> int:
+        self.time_s += 0.01
+        self.step_metadata = []
+        allocated: list[int] = []
+        offers = []
+        for req_id in advance:
+            req = self.active[req_id]
+            blocks = self.pool.allocate(self.chunk_blocks)
+            if blocks is None:
+                continue
+            start = req.tokens
+            hashes = tuple(self.pool.fill(b) for b in blocks)
+            req.blocks.extend(blocks)
+            req.tokens += self.chunk_blocks * self.block_tokens
+            allocated.extend(blocks)
+            offers.append(CandidateOffered(req_id=req_id, start_token=start,
+                                           end_token=req.tokens, block_ids=tuple(blocks),
+                                           block_hashes=hashes, time_s=self.time_s,
+                                           blocks_per_chunk=1))
+        for offer in offers:
+            self.feed(offer)
+        tokens = len(offers) * self.chunk_blocks * self.block_tokens + decode_tokens
+        depth = window_depth(self.state, scheduled_tokens=tokens,
+                             allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
+        window = self.pool.window(min(depth, len(self.pool.free)))
+        reallocated = tuple((b, self.pool.hashes[b]) for b in allocated
+                            if watches(self.state, b))
+        self.feed(StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
+                                next_step_blocks=next_step_blocks, reserve_blocks=len(offers),
+                                free_blocks=len(self.pool.free),
+                                window_block_ids=window if tokens else (),
+                                reallocated=reallocated if tokens else (),
+                                time_s=self.time_s))
+        return tokens
+
+
+def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
+             pool_blocks: int) -> tuple[int, str]:
+    """Record ``steps`` steps into ``directory``; returns (events, a request id
+    that finished near the end)."""
+    rng = random.Random(seed)
+    config = default_config()
+    recorder = EventRecorder(config, 2, str(directory), VERSIONS, prefix="longrun",
+                             queue_max_items=1 << 20, max_total_bytes=None,
+                             register_atexit=False)
+    world = DecodeWorld(state=new_state(config, world_size=2), pool=FakePool(pool_blocks),
+                        sink=recorder.record)
+    prefill: dict[str, int] = {}  # chunks left
+    decode: dict[str, int] = {}  # tokens left
+    decoded: dict[str, int] = {}
+    receipts_due: dict[int, list[str]] = {}
+    next_id = 0
+    last_finished = ""
+    for step in range(steps):
+        while len(prefill) + len(decode) < concurrency and rng.random() < 0.3:
+            req_id = f"req-{next_id}"
+            next_id += 1
+            world.arrive(req_id)
+            prefill[req_id] = rng.randint(1, 16)
+        advance = list(prefill)[:4]
+        for req_id, count in list(decoded.items()):
+            if count and count % 64 == 0:
+                advance.append(req_id)
+        before = len(world.submissions)
+        world.step_with_decode(advance, len(decode), next_step_blocks=len(advance) * 2)
+        for store in world.submissions[before:]:
+            receipts_due.setdefault(step + rng.randint(1, 3), []).append(store.req_id)
+        for req_id in advance[:4]:
+            if req_id in prefill:
+                prefill[req_id] -= 1
+                if not prefill[req_id]:
+                    del prefill[req_id]
+                    decode[req_id] = rng.randint(40, 600)
+                    decoded[req_id] = 0
+        for req_id in list(decode):
+            decode[req_id] -= 1
+            decoded[req_id] += 1
+            if decode[req_id] <= 0:
+                del decode[req_id], decoded[req_id]
+                world.finish(req_id)
+                last_finished = req_id
+        due = receipts_due.pop(step, [])
+        if due:
+            failed = [r for r in due if rng.random() < 0.02]
+            world.receipts(dict.fromkeys(due, 2), failed)
+        world.applied.clear()
+        world.submissions.clear()
+    for when in sorted(receipts_due):
+        world.receipts(dict.fromkeys(receipts_due[when], 2))
+    world.shutdown()
+    recorder.close(world.state)
+    return recorder.events_recorded, last_finished
+
+
+def _alter_last_check(source: Path, target: Path) -> None:
+    """A copy of the run whose last non-empty outcome check is flipped."""
+    shutil.copytree(source, target)
+    last = sorted(target.glob("*.lolog"))[-1]
+    items = [item for item in scan(last.read_bytes()) if isinstance(item, Record)]
+    for index in range(len(items) - 1, -1, -1):
+        payload = list(msgpack.unpackb(items[index].payload))
+        if payload[0] == 2 and any(payload[4::2]):
+            at = max(i for i in range(4, len(payload), 2) if payload[i])
+            payload[at] ^= 1
+            items[index] = Record(items[index].offset, msgpack.packb(payload))
+            break
+    last.write_bytes(b"".join(frame(item.payload) for item in items))
+
+
+def _timed(argv: list[str]) -> tuple[float, int, str]:
+    out = io.StringIO()
+    started = time.perf_counter()
+    code = replay_main(argv, out=out, err=io.StringIO())
+    return time.perf_counter() - started, code, out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=360_000)
+    parser.add_argument("--concurrency", type=int, default=48)
+    parser.add_argument("--pool-blocks", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", help="write the log here (default: a temp dir)")
+    args = parser.parse_args()
+    directory = Path(args.keep or tempfile.mkdtemp(prefix="bench-longrun-"))
+    started = time.perf_counter()
+    events, request = generate(directory, args.steps, seed=args.seed,
+                               concurrency=args.concurrency, pool_blocks=args.pool_blocks)
+    generate_s = time.perf_counter() - started
+    files = sorted(directory.glob("*.lolog"))
+    size = sum(f.stat().st_size for f in files)
+    print(f"log: {args.steps:,} steps, {events:,} events, {len(files)} files, {size:,} bytes "
+          f"at {directory} (generated in {generate_s:.0f} s)")
+    print(f"bytes per step {size / args.steps:.0f}, per event {size / events:.1f}")
+    for workers in (1, 0):
+        elapsed, code, _ = _timed(["verify", str(directory), "--workers", str(workers)])
+        label = "1 core" if workers == 1 else f"all {os.cpu_count()} cores"
+        print(f"verify ({label}): {elapsed:.1f} s = {args.steps / elapsed:,.0f} steps/s = "
+              f"{events / elapsed:,.0f} events/s (exit {code})")
+    elapsed, code, _ = _timed(["explain", str(directory), "--request", request])
+    print(f"explain --request {request} (finished near the end): {elapsed:.1f} s (exit {code})")
+    altered = directory.with_name(directory.name + "-altered")
+    _alter_last_check(directory, altered)
+    elapsed, code, out = _timed(["diff", str(directory), str(altered), "--no-ledgers"])
+    print(f"diff (diverging near the end, no ledgers): {elapsed:.1f} s (exit {code}): "
+          f"{out.splitlines()[0]}")
+    elapsed, code, _ = _timed(["diff", str(directory), str(altered)])
+    print(f"diff (with ledgers: a replay of each last file): {elapsed:.1f} s (exit {code})")
+    shutil.rmtree(altered)
+
+
+if __name__ == "__main__":
+    main()
