@@ -139,10 +139,9 @@ def fresh_server(tmp_path: Path) -> Iterator[LMCacheServer]:
 
 
 class StaleDedupAfterServerLoss(AssertionError):
-    """The known connector bug this module documents (EVICTION_AWARE only): the core's
-    content dedup (``State.stored_keys``) survives the loss of the server's data, so
-    chunks stored before a server restart are rejected as ``already_stored`` forever
-    after and the restarted server never gets them again."""
+    """Stores did not resume after a server restart (EVICTION_AWARE's content dedup
+    remembering chunks the dead server lost was the cause once; the core now forgets
+    them when a lookup shows them missing, ``ChunksMissing``)."""
 
 
 def replay_log(log_dir: Path) -> tuple[Any, list[tuple[int, bool]]]:
@@ -202,15 +201,10 @@ LAZY_POLICIES = [
 
 
 KILL_CASES = [
-    pytest.param(
-        LAZY_POLICIES[0],
-        id="eviction_aware",
-        marks=pytest.mark.xfail(
-            raises=StaleDedupAfterServerLoss,
-            strict=True,
-            reason="connector bug: EVICTION_AWARE dedup remembers chunks the dead server lost",
-        ),
-    ),
+    # EVICTION_AWARE once failed here (StaleDedupAfterServerLoss): its content dedup
+    # remembered chunks the dead server lost. LMCache's lookups now feed ChunksMissing
+    # back to the core, which forgets them and stores them again.
+    pytest.param(LAZY_POLICIES[0], id="eviction_aware"),
     pytest.param(LAZY_POLICIES[1], id="fifo"),
 ]
 
