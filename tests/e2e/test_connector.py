@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from testkit.engine import shutdown as engine_shutdown
+from testkit.engine import tiny_llm
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
 
@@ -47,19 +48,9 @@ def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
 
 def run_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
     """Both passes on one engine; returns token ids and cached-token counts."""
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
-    llm = LLM(
-        model=str(model_dir),
-        dtype="float32",
-        block_size=32,
-        max_model_len=2048,
-        enable_prefix_caching=True,
-        enforce_eager=True,
-        seed=0,
-        num_gpu_blocks_override=POOL_BLOCKS,
-        kv_transfer_config=kv_transfer_config,
-    )
+    llm = tiny_llm(model_dir, kv_transfer_config, pool_blocks=POOL_BLOCKS)
     try:
         sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in shared_prefix_prompts()]

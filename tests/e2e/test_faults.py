@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from testkit.engine import shutdown as engine_shutdown
+from testkit.engine import tiny_llm
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import (
     MAX_TOKENS,
@@ -70,20 +71,7 @@ HALF = NUM_PROMPTS // 2
 
 
 def _llm(model_dir: Path, kv_transfer_config: dict[str, Any] | None, **kw: Any) -> Any:
-    from vllm import LLM
-
-    return LLM(
-        model=str(model_dir),
-        dtype="float32",
-        block_size=32,
-        max_model_len=2048,
-        enable_prefix_caching=True,
-        enforce_eager=True,
-        seed=0,
-        num_gpu_blocks_override=POOL_BLOCKS,
-        kv_transfer_config=kv_transfer_config,
-        **kw,
-    )
+    return tiny_llm(model_dir, kv_transfer_config, pool_blocks=POOL_BLOCKS, **kw)
 
 
 def run_fault_workload(

@@ -8,46 +8,29 @@ the ledger closes from the scraped values alone (in ops and in tokens):
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.lmcache_server import LMCacheServer, free_port
+from testkit.api_server import get, post_json, running_api_server
+from testkit.lmcache_server import LMCacheServer
 
 pytestmark = pytest.mark.e2e
 
-READY_TIMEOUT_S = 180.0
 SETTLE_TIMEOUT_S = 60.0
 P = "vllm:lazy_offload_"
-
-
-def _get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return int(response.status), response.read().decode()
-
-
-def _post_json(url: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``/metrics``: (name, sorted labels minus model/engine) -> value."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    _, text = get(f"http://127.0.0.1:{port}/metrics")
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -81,7 +64,6 @@ def ledger(samples: dict[Any, float], unit: str) -> tuple[float, float]:
 @pytest.fixture
 def api_server(tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path
                ) -> Iterator[tuple[int, Path]]:
-    port = free_port()
     kv_transfer_config = {
         "kv_connector": "EventSourcedLMCacheMPConnector",
         "kv_role": "kv_both",
@@ -93,37 +75,9 @@ def api_server(tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Pa
             "lmcache.mp.lazy_offload_log_dir": str(tmp_path / "events"),
         }),
     }
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
-        "--enable-prefix-caching", "--enforce-eager", "--num-gpu-blocks-override", "128",
-        "--kv-transfer-config", json.dumps(kv_transfer_config),
-    ]
     log_path = tmp_path / "api_server.log"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                if server.poll() is not None:
-                    pytest.fail(f"api server exited early:\n{log_path.read_text()[-4000:]}")
-                try:
-                    if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"api server not ready:\n{log_path.read_text()[-4000:]}")
-                time.sleep(1.0)
-            yield port, log_path
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    with running_api_server(tiny_model_dir, kv_transfer_config, log_path) as port:
+        yield port, log_path
 
 
 def test_metrics_move_and_the_ledger_closes_from_a_scrape(
@@ -139,7 +93,7 @@ def test_metrics_move_and_the_ledger_closes_from_a_scrape(
     system = [rng.randrange(3, 2048) for _ in range(512)]
     for _ in range(4):  # FIFO threshold 1: each request's stores go out on a later step
         prompt = system + [rng.randrange(3, 2048) for _ in range(300)]
-        reply = _post_json(f"http://127.0.0.1:{port}/v1/completions", {
+        reply = post_json(f"http://127.0.0.1:{port}/v1/completions", {
             "model": str(tiny_model_dir), "prompt": prompt, "max_tokens": 8,
             "temperature": 0.0, "ignore_eos": True})
         assert reply["usage"]["completion_tokens"] == 8
@@ -167,7 +121,7 @@ def test_metrics_move_and_the_ledger_closes_from_a_scrape(
     # LMCache's own metric is kept beside ours.
     assert value(after, "vllm:lmcache_mp_lookup_duration_seconds_count") > 0
     lookup = "vllm:lmcache_mp_lookup_duration_seconds_c"  # _count and nothing else
-    excerpt = [line for line in _get(f"http://127.0.0.1:{port}/metrics")[1].splitlines()
+    excerpt = [line for line in get(f"http://127.0.0.1:{port}/metrics")[1].splitlines()
                if line.startswith((P, lookup)) and "_created" not in line]
     out = Path(os.environ.get("LAZY_OFFLOAD_METRICS_EXCERPT", log_path.with_suffix(".metrics")))
     out.write_text("\n".join(excerpt) + "\n")
