@@ -67,6 +67,7 @@ class Narrator:
                     "the receipt lease; its blocks are released", req_id=decision.req_id,
                     batch_id=decision.batch_id, ops=decision.ops,
                     receipts=decision.receipts, waited_s=round(decision.waited_s, 3),
+                    held_back_ops_dropped=self._held_back_dropped.pop(decision.req_id, 0),
                 )
             elif isinstance(decision, ReceiptIgnored):
                 self._log.warning(
