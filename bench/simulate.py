@@ -2,6 +2,8 @@
 
     python -m bench.simulate --scale small     # a few minutes on 2 cores
     python -m bench.simulate --scale full      # the issue's scale (see bench/README.md)
+    python -m bench.simulate --scale issue12-small --arms "none,stock eager,stock EA,ours EA"
+    python -m bench.simulate --scale issue12-small --sweep agentic   # 4 pool sizes
 
 Prints the seed and every parameter first, then one table per (workload, pool) config
 (arms as rows), then the loss-mechanism table and the targets check. Metric definitions:
@@ -45,7 +47,8 @@ def arms(log_dir: str) -> list[ArmSpec]:
     ]
 
 
-# (workload preset, session scale, arrival window steps, pool label, num_gpu_blocks, max_num_seqs)
+# (workload preset, session scale, arrival window steps, pool label, num_gpu_blocks, max_num_seqs
+#  [, max_num_batched_tokens, default 2048])
 SCALES = {
     "small": [
         ("multiturn", 1.0, 600, "tight", 3000, 256),
@@ -57,7 +60,29 @@ SCALES = {
         ("multiturn", 6.0, 1500, "roomy", 32768, 1000),
         ("burst", 4.0, 1500, "tight", 8000, 1000),
     ],
+    # Workloads from the independent check (issue 12). "issue12" is the issue's scale;
+    # "issue12-small" scales sessions, pool and max_num_seqs by 0.1 (agentic) / 0.25
+    # (burst-repeat, also burst size) and keeps the timing, so the pool-to-working-set
+    # ratio stays roughly the same and a run fits a few minutes on 2 cores.
+    "issue12": [
+        ("agentic", 1.0, 3000, "roomy", 32768, 256, 8192),
+        ("agentic", 1.0, 3000, "tight", 12288, 256, 8192),
+        ("burst-repeat", 1.0, 0, "tight", 8192, 64, 8192),
+    ],
+    "issue12-medium": [
+        ("agentic", 0.3, 3000, "roomy", 9830, 77, 8192),
+        ("agentic", 0.3, 3000, "tight", 3686, 77, 8192),
+        ("burst-repeat", 0.5, 0, "tight", 4096, 32, 8192),
+    ],
+    "issue12-small": [
+        ("agentic", 0.1, 3000, "roomy", 3277, 26, 8192),
+        ("agentic", 0.1, 3000, "tight", 1229, 26, 8192),
+        ("burst-repeat", 0.25, 0, "tight", 2048, 16, 8192),
+    ],
 }
+
+# --sweep: pool sizes as multiples of the chosen config's num_gpu_blocks.
+SWEEP_FACTORS = (0.25, 0.375, 0.5, 1.0)
 
 
 def fmt(x: float, nd: int = 3) -> str:
@@ -90,6 +115,28 @@ HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "pree
         "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
         "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
         "max backlog", "steps"]
+
+
+VHEAD = ["arm", "recall", "chunk writes", "writes/eager writes", "writes/eager distinct",
+         "conn p50 / eager", "conn p99 / eager", "preempt", "preempt none"]
+
+
+def versus_row(r: ArmResult, eager: ArmResult | None, none: ArmResult | None) -> list[str]:
+    """Recall and writes next to eager's: writes ÷ eager's chunk writes and ÷ eager's
+    distinct chunks (the chunks eager stored at least once), connector p50/p99 ÷ eager's."""
+    recall = r.recalled / r.needed if r.needed else float("nan")
+    nan = float("nan")
+
+    def ratio(x: float, y: float) -> float:
+        return x / y if y and y == y and x == x else nan
+
+    we = ratio(r.chunk_writes, eager.chunk_writes) if eager else nan
+    wd = ratio(r.chunk_writes, eager.written_keys) if eager else nan
+    p50 = ratio(_pctl(r.conn_ms, 0.5), _pctl(eager.conn_ms, 0.5)) if eager else nan
+    p99 = ratio(_pctl(r.conn_ms, 0.99), _pctl(eager.conn_ms, 0.99)) if eager else nan
+    return [r.arm, f"{fmt(recall)} ({r.recalled}/{r.needed})", str(r.chunk_writes),
+            fmt(we, 2), fmt(wd, 2), fmt(p50, 2), fmt(p99, 2), str(r.preemptions),
+            str(none.preemptions) if none else "-"]
 
 
 def table(rows: list[list[str]], head: list[str]) -> str:
@@ -125,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     ap.add_argument("--configs", default="", help="comma-separated config indexes (default: all)")
     ap.add_argument("--json", default="", help="write raw results to this file")
+    ap.add_argument("--sweep", default="", help="workload preset of --scale (e.g. agentic): "
+                    "run it at several pool sizes (its first config's num_gpu_blocks times "
+                    "--sweep-factors) and print recall and writes per arm per pool size")
+    ap.add_argument("--sweep-factors", default="",
+                    help=f"comma-separated pool multipliers (default {SWEEP_FACTORS})")
     a = ap.parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
     all_arms = arms(log_dir)
@@ -140,10 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     print("# arms: " + "; ".join(f"{x.name}={dict(x.extra)}" for x in all_arms))
     dump = []
     t_all = time.time()
-    for preset, scale, window, pool_label, blocks, seqs in configs:
+    if a.sweep:
+        base = [c for c in configs if c[0] == a.sweep]
+        if not base:
+            ap.error(f"--sweep {a.sweep}: no such workload in --scale {a.scale}")
+        factors = ([float(x) for x in a.sweep_factors.split(",")] if a.sweep_factors
+                   else SWEEP_FACTORS)
+        c = base[0]
+        configs = [(c[0], c[1], c[2], f"x{f:g}", max(64, int(round(c[4] * f))), *c[5:])
+                   for f in factors]
+    sweep_rows: list[list[str]] = []
+    for cfg in configs:
+        preset, scale, window, pool_label, blocks, seqs = cfg[:6]
+        batched = cfg[6] if len(cfg) > 6 else 2048
         wp = make_params(preset, scale, a.seed, window)
         sessions = generate(wp)
         sp = SimParams(num_gpu_blocks=blocks, max_num_seqs=seqs,
+                       max_num_batched_tokens=batched,
                        receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
                        store_failure_rate=a.store_failure_rate, seed=a.seed)
         print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
@@ -165,14 +230,24 @@ def main(argv: list[str] | None = None) -> int:
                          "recalled": r.recalled, "writes": r.chunk_writes,
                          "preemptions": r.preemptions})
         eager = next((r for r in results if r.arm == "stock eager"), None)
+        none = next((r for r in results if r.arm == "none"), None)
         print()
         print(table([row(r, eager) for r in results], HEAD))
+        print("\nversus eager / none (issue 12 targets: recall >= 0.99 roomy agentic, >= 0.95"
+              " tight agentic, >= 0.92 burst; conn p50 <= 1.3x eager, p99 <= 2x eager;"
+              " preemptions <= none):\n")
+        vrows = [versus_row(r, eager, none) for r in results]
+        print(table(vrows, VHEAD))
+        sweep_rows += [[f"{preset}/{pool_label}", str(blocks)] + v for v in vrows]
         print("\nconnector time per step by backlog bucket (buffered ops at step start):\n")
         print(bucket_table(results))
         print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered op,"
               " classified at the eviction):\n")
         print(loss_table(results))
         sys.stdout.flush()
+    if a.sweep or len(configs) > 1:
+        print("\n## all configs side by side (pool sweep when --sweep)\n")
+        print(table(sweep_rows, ["config", "num_gpu_blocks"] + VHEAD))
     print(f"\n# total wall {time.time() - t_all:.0f}s")
     if a.json:
         with open(a.json, "w") as f:

@@ -68,6 +68,24 @@ class WorkloadParams:
     agent_pause_steps: tuple[int, int] = (2, 40)
     burst_repeat_delay_steps: tuple[int, int] = (100, 800)
     max_context_tokens: int = 30000
+    # Shapes from the independent check (issue 12). ``shape`` picks the generator:
+    # "mix" (the chat/agent/burst mix above), "agentic" or "burst-repeat".
+    shape: str = "mix"
+    # agentic: n_agentic sessions, one shared system prompt, turns of new tokens.
+    n_agentic: int = 0
+    agentic_system_tokens: int = 2048
+    agentic_turns: tuple[int, int] = (3, 7)
+    agentic_new_tokens: tuple[int, int] = (128, 1024)
+    agentic_decode_median: int = 60
+    agentic_pause_steps: tuple[int, int] = (30, 400)
+    # burst-repeat: n_unique prompts in bursts of burst_size, burst_gap_steps apart; a
+    # share is re-sent after ``repeat_after_bursts`` to that many + 1 burst gaps, i.e.
+    # after at least that many further bursts of unique traffic (each burst is larger
+    # than the pool at the issue's scale, so the pool turned over in between).
+    n_unique: int = 0
+    burst_gap_steps: int = 120
+    repeat_share: float = 0.5
+    repeat_after_bursts: int = 2
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -82,7 +100,59 @@ def _lognormal_int(rng: random.Random, median: int, sigma: float = 0.6, lo: int 
     return max(lo, min(hi, int(round(median * math.exp(rng.gauss(0.0, sigma))))))
 
 
+def _generate_agentic(p: WorkloadParams) -> list[Session]:
+    """Agentic (issue 12): every session shares one system prompt; 3-7 turns of
+    128-1,024 new tokens (user/tool output), short decodes, 30-400 steps between turns."""
+    rng = random.Random(p.seed)
+    system = _toks(rng, p.agentic_system_tokens)
+    sessions: list[Session] = []
+    for sid in range(p.n_agentic):
+        s = Session(sid, "agentic", rng.randrange(p.arrival_window_steps))
+        used = len(system)
+        for k in range(rng.randint(*p.agentic_turns)):
+            n_new = rng.randint(*p.agentic_new_tokens)
+            dec = _lognormal_int(rng, p.agentic_decode_median)
+            if used + n_new + dec >= p.max_context_tokens:
+                break
+            used += n_new + dec
+            new = (system if k == 0 else []) + _toks(rng, n_new)
+            pause = 0 if k == 0 else rng.randint(*p.agentic_pause_steps)
+            s.turns.append(Turn(new, dec, _toks(rng, dec), pause))
+        sessions.append(s)
+    sessions.sort(key=lambda x: (x.start_step, x.sid))
+    return sessions
+
+
+def _generate_burst_repeat(p: WorkloadParams) -> list[Session]:
+    """Burst-repeat (issue 12): unique 2-8k-token prompts arriving in bursts (burst i
+    at step i * burst_gap_steps, each request within 4 steps of it); ``repeat_share``
+    of them (exactly, chosen at random) re-send the identical prompt after
+    ``repeat_after_bursts``..+1 burst gaps of other traffic."""
+    rng = random.Random(p.seed)
+    n_rep = int(round(p.n_unique * p.repeat_share))
+    repeats = set(rng.sample(range(p.n_unique), n_rep))
+    sessions: list[Session] = []
+    for i in range(p.n_unique):
+        start = (i // p.burst_size) * p.burst_gap_steps + rng.randrange(4)
+        s = Session(i, "burst", start)
+        prompt = _toks(rng, rng.randint(*p.burst_prompt_tokens))
+        dec = _lognormal_int(rng, p.burst_decode_median)
+        s.turns.append(Turn(prompt, dec, _toks(rng, dec), 0))
+        if i in repeats:
+            dec2 = _lognormal_int(rng, p.burst_decode_median)
+            lo = p.repeat_after_bursts * p.burst_gap_steps
+            s.turns.append(Turn([], dec2, _toks(rng, dec2), rng.randint(lo, lo + p.burst_gap_steps),
+                                repeat_whole_prompt=True))
+        sessions.append(s)
+    sessions.sort(key=lambda x: (x.start_step, x.sid))
+    return sessions
+
+
 def generate(p: WorkloadParams) -> list[Session]:
+    if p.shape == "agentic":
+        return _generate_agentic(p)
+    if p.shape == "burst-repeat":
+        return _generate_burst_repeat(p)
     rng = random.Random(p.seed)
     chat_sys = [_toks(rng, rng.randint(*p.chat_system_tokens)) for _ in range(p.n_system_prompts)]
     agent_sys = [_toks(rng, rng.randint(*p.agent_system_tokens))
@@ -159,11 +229,21 @@ def summarize(sessions: list[Session]) -> str:
 PRESETS = {
     "multiturn": dict(n_chat=60, n_agent=30, n_burst=0),
     "burst": dict(n_chat=10, n_agent=0, n_burst=96),
+    # issue 12 (independent check): scale multiplies n_agentic / n_unique / burst_size.
+    "agentic": dict(shape="agentic", n_agentic=600),
+    "burst-repeat": dict(shape="burst-repeat", n_unique=256, burst_size=64),
 }
 
 
 def make_params(preset: str, scale: float, seed: int, window: int) -> WorkloadParams:
     base = PRESETS[preset]
+    if base.get("shape", "mix") != "mix":
+        kw = dict(base)
+        for k in ("n_agentic", "n_unique", "burst_size"):
+            if k in kw:
+                kw[k] = max(1, int(round(kw[k] * scale)))
+        return WorkloadParams(name=preset, seed=seed, n_chat=0, n_agent=0, n_burst=0,
+                              arrival_window_steps=window, **kw)
     return WorkloadParams(
         name=preset,
         seed=seed,
