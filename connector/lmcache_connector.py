@@ -85,7 +85,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             return  # eager, or the worker role: LMCache's own code throughout
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
-        recorder = _make_recorder(config, world_size)
+        engine_index = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+        recorder = _make_recorder(config, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -170,7 +171,9 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return result
 
 
-def _make_recorder(config: OffloadConfig, world_size: int) -> EventRecorder | None:
+def _make_recorder(
+    config: OffloadConfig, world_size: int, engine_index: int = 0
+) -> EventRecorder | None:
     """The event log writer, or None when turned off (``log_dir`` = "").
 
     A log directory that cannot be created or written: when it was configured
@@ -193,6 +196,7 @@ def _make_recorder(config: OffloadConfig, world_size: int) -> EventRecorder | No
             directory,
             installed_versions(),
             pub_endpoint=config.log_pub_endpoint,
+            engine_index=engine_index,
             max_file_bytes=max(1, round(config.log_max_file_mib * _MIB)),
             max_total_bytes=max(1, round(config.log_max_total_mib * _MIB)),
         )

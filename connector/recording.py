@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
-from connector.eventlog import EventLogWriter
+from connector.eventlog import EventLogWriter, default_prefix
 from offload_fsm import snapshot
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
@@ -129,8 +129,10 @@ class _Encoder:
         digest_every: int,
         full_outcomes: bool,
         pub_endpoint: str,
+        engine_index: int = 0,
     ) -> None:
         self._config = config.to_wire()
+        self._engine_index = engine_index
         self._policy = config.policy.value
         self._world_size = world_size
         self._versions = dict(versions)
@@ -206,7 +208,8 @@ class _Encoder:
                    config=self._config, policy=self._policy, world_size=self._world_size,
                    versions=self._versions, created_s=self._created_s,
                    file_index=self._file_index,
-                   digest_every=self._digest_every, full_outcomes=self._full)
+                   digest_every=self._digest_every, full_outcomes=self._full,
+                   engine_index=self._engine_index)
         )
         return self._header_payload
 
@@ -250,6 +253,7 @@ class EventRecorder:
         full_outcomes: bool = False,
         batch_events: int = 256,
         prefix: str | None = None,
+        engine_index: int = 0,
         queue_max_items: int = 65536,
         max_file_bytes: int = 64 * 1024 * 1024,
         max_total_bytes: int | None = 1024 * 1024 * 1024,
@@ -272,7 +276,9 @@ class EventRecorder:
         if directory is None:
             return
         self._encoder = _Encoder(config, world_size, versions, digest_every, full_outcomes,
-                                 pub_endpoint)
+                                 pub_endpoint, engine_index)
+        if prefix is None and engine_index:  # several engines share one directory
+            prefix = f"{default_prefix()}-engine{engine_index}"
         self._writer = EventLogWriter(
             directory,
             encode=self._encoder,

@@ -178,6 +178,7 @@ def _header(seq: int, wall: float, body: dict[str, Any]) -> Header:
         config=dict(body["config"]), policy=body["policy"],
         world_size=body["world_size"], versions=dict(body["versions"]),
         created_s=float(body["created_s"]), file_index=body.get("file_index", 0),
+        engine_index=body.get("engine_index", 0),
         digest_every=body.get("digest_every", 0),
         full_outcomes=bool(body.get("full_outcomes", False)),
     )

@@ -160,6 +160,7 @@ class Header:
     file_index: int = 0
     digest_every: int = 0
     full_outcomes: bool = False
+    engine_index: int = 0  # vLLM's data-parallel rank (several engines, one directory)
 
 
 @attrs.frozen(kw_only=True)
@@ -310,6 +311,7 @@ def encode_header(header: Header) -> bytes:
         "file_index": header.file_index,
         "digest_every": header.digest_every,
         "full_outcomes": header.full_outcomes,
+        "engine_index": header.engine_index,
     }
     return _packb((HEADER, header.seq, header.wall_time_s, body))
 

@@ -123,6 +123,7 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
     rejection = result.rejection
     return {
         "ok": code == EXIT_OK,
+        "engine_index": result.header.engine_index if result.header is not None else None,
         "events_applied": result.events_applied,
         "records": result.records,
         "digests_checked": result.digests_checked,
@@ -159,6 +160,10 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         json.dump(_verify_json(result, code), out, indent=2)
         out.write("\n")
         return code
+    if result.header is not None:
+        header = result.header
+        print(f"engine {header.engine_index}, {header.policy}, world size {header.world_size}",
+              file=out)
     print(f"{result.events_applied} events replayed from {result.records} records, "
           f"{result.digests_checked} digests checked"
           + (", clean end" if result.ended_cleanly else ", no END record"), file=out)

@@ -150,3 +150,26 @@ def _recording(machine_class):  # type: ignore[no-untyped-def]
 
 TestRecordedEvictionAware = settings(max_examples=25)(_recording(EvictionAwareMachine)).TestCase
 TestRecordedFifo = settings(max_examples=25)(_recording(FifoMachine)).TestCase
+
+
+def test_the_engine_index_names_the_files_and_is_reported(tmp_path: Path) -> None:
+    """Several engines (data parallelism) sharing one log directory: each
+    engine's files carry its index, and replay says which engine a file is."""
+    import io
+    import json
+
+    from offload_fsm.testing.synthetic import run_workload
+    from replay.cli import main
+
+    recorder = EventRecorder(_config(), 1, str(tmp_path), VERSIONS, engine_index=3,
+                             register_atexit=False)
+    world = run_workload(requests=8, seed=1, world_size=1, sink=recorder.record)
+    recorder.close(world.state)
+    (path,) = tmp_path.glob("*.lolog")
+    assert "-engine3-" in path.name
+    out = io.StringIO()
+    assert main(["verify", str(path)], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().startswith("engine 3, ")
+    out = io.StringIO()
+    main(["verify", "--json", str(path)], out=out, err=io.StringIO())
+    assert json.loads(out.getvalue())["engine_index"] == 3
