@@ -3,7 +3,7 @@
 :func:`running_api_server` starts ``python -m vllm.entrypoints.openai.api_server``
 with the tiny model and a KV-transfer config, logs to ``log_path``, waits for
 ``/health``, yields the port, and always stops the server (SIGTERM, then SIGKILL
-after 30 s). :func:`get` and :func:`post_json` are the plain HTTP helpers.
+after 60 s). :func:`get` and :func:`post_json` are the plain HTTP helpers.
 """
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
         "--kv-transfer-config", json.dumps(kv_transfer_config),
     ]
     with log_path.open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+        # Unbuffered: vLLM logs to stdout, and a server that has to be killed at the
+        # end would otherwise lose the buffered lines the test reads.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             while True:
@@ -71,7 +74,7 @@ def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
         finally:
             server.terminate()
             try:
-                server.wait(timeout=30)
+                server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
