@@ -187,16 +187,18 @@ class EventSourcedManager:
         if self._closed:
             return
         self._closed = True
-        if self._drain is None:
-            self._guarded(self._feed, ShutdownRequested())
-            self._submitted.clear()  # shutdown abandoned every batch it held
-        if self._drain is not None:
-            self._execute_all(self._drain.shutdown())
-            self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
-        self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
-        if self._recorder is not None:
-            # A poisoned state's digest means nothing to replay.
-            self._recorder.close(self.state if self._drain is None else None)
+        try:
+            if self._drain is None:
+                self._guarded(self._feed, ShutdownRequested())
+                self._submitted.clear()  # shutdown abandoned every batch it held
+            if self._drain is not None:
+                self._execute_all(self._drain.shutdown())
+                self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
+            self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
+        finally:  # whatever went wrong above, the log gets its END
+            if self._recorder is not None:
+                # A poisoned state's digest means nothing to replay.
+                self._recorder.close(self.state if self._drain is None else None)
 
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
