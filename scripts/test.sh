@@ -14,4 +14,4 @@ echo "[test] mypy (strict on offload_fsm)"
 "$PY" -m mypy --strict offload_fsm
 "$PY" -m mypy connector replay
 echo "[test] pytest"
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q --durations=25 "$@"

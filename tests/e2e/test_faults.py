@@ -148,9 +148,20 @@ def replay_log(log_dir: Path) -> tuple[Any, list[tuple[int, bool]]]:
 
     result = replay(log_dir, observer=observe)
     assert result.ok, (result.divergence, result.damage, result.lost)
-    assert result.ended_cleanly
+    assert result.ended_cleanly, log_tail(log_dir)
     assert result.state is not None
     return result.state, settled
+
+
+def log_tail(log_dir: Path) -> str:
+    """What a log that lacks its END holds: its files and its last records (the
+    evidence for a teardown that did not reach the connector's shutdown)."""
+    from replay.reader import Entry, read_log
+
+    files = sorted((p.name, p.stat().st_size) for p in log_dir.iterdir())
+    entries = [e for e in read_log(log_dir) if isinstance(e, Entry)]
+    last = [(type(e.record).__name__, getattr(e.record, "seq", None)) for e in entries[-4:]]
+    return f"no END record: files={files} records={len(entries)} last={last}"
 
 
 # Requests 0-3 are phase "before", 4-7 "during", 8 on "after" and "final".
