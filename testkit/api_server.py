@@ -56,6 +56,9 @@ def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
         # Unbuffered: vLLM logs to stdout, and a server that has to be killed at the
         # end would otherwise lose the buffered lines the test reads.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # An in-process LLM() of an earlier test leaves its own (since deleted)
+        # Prometheus multiprocess directory in os.environ; the server makes its own.
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S

@@ -1,7 +1,8 @@
-"""``/metrics`` of the real OpenAI server with our connector against a real LMCache
-server: the ``vllm:lazy_offload_*`` families arrive through vLLM's connector-stats
-path, they move with the traffic, LMCache's own lookup histogram is still there, and
-the ledger closes from the scraped values alone (in ops and in tokens):
+"""``/metrics`` of the real OpenAI server with our connector (loaded by name through
+the plugin entry point) against a real LMCache server: completions come back, the
+``vllm:lazy_offload_*`` families arrive through vLLM's connector-stats path, they move
+with the traffic, LMCache's own lookup histogram is still there, and the ledger closes
+from the scraped values alone (in ops and in tokens):
 
     admitted = buffered + verifying + in_flight + stored + failed + abandoned + sum(dropped)
 """
@@ -111,6 +112,12 @@ def test_metrics_move_and_the_ledger_closes_from_a_scrape(
                         f"{log_path.read_text(errors='replace')[-3000:]}")
         time.sleep(1.0)
 
+    # Our connector, loaded by name alone through the vllm.general_plugins entry point
+    # (no kv_connector_module_path), served them: it wrote its event log.
+    assert list((log_path.parent / "events").glob("*.lolog")), "our connector wrote no log"
+    text = log_path.read_text(errors="replace")
+    if " INFO " in text:  # vLLM's own lines reached the file (in the full suite once not)
+        assert "lazy offload enabled with FIFO policy, offload threshold: 1" in text
     assert value(after, f"{P}admitted_ops_total") > value(before, f"{P}admitted_ops_total")
     assert value(after, f"{P}submitted_ops_total") >= value(after, f"{P}stored_ops_total") > 0
     assert value(after, f"{P}stored_tokens_total") > 0
