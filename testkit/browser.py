@@ -4,7 +4,8 @@
 ``--screenshot`` mode, in a fresh profile directory, offline (no network
 features, no GPU), giving scripts ``virtual_time_s`` of virtual time to draw
 before the picture is taken, and killing the browser after ``timeout_s``.
-:func:`ink` measures a PNG: how much of it is not background.
+:func:`dom` gives the page's DOM once its scripts ran. :func:`ink`
+measures a PNG: how much of it is not background.
 """
 
 from __future__ import annotations
@@ -23,13 +24,26 @@ INSTALL = "apt-get install -y chromium"
 def screenshot(browser: str, page: Path, png: Path, *, width: int = 1400,
                height: int = 1200, virtual_time_s: float = 10.0,
                timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return _chromium(browser, page, [f"--window-size={width},{height}",
+                                     f"--screenshot={png}"], virtual_time_s, timeout_s)
+
+
+def dom(browser: str, page: Path, *, virtual_time_s: float = 10.0,
+        timeout_s: float = 120.0) -> str:
+    """The page's DOM once its scripts ran (``--dump-dom``)."""
+    done = _chromium(browser, page, ["--dump-dom"], virtual_time_s, timeout_s)
+    done.check_returncode()
+    return done.stdout
+
+
+def _chromium(browser: str, page: Path, flags: list[str], virtual_time_s: float,
+              timeout_s: float) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         return subprocess.run(
             [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
              "--no-first-run", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-             f"--virtual-time-budget={int(virtual_time_s * 1000)}",
-             f"--window-size={width},{height}", f"--screenshot={png}",
+             f"--virtual-time-budget={int(virtual_time_s * 1000)}", *flags,
              page.resolve().as_uri()],
             capture_output=True, text=True, timeout=timeout_s, check=False)
 

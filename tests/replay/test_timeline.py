@@ -202,6 +202,9 @@ def test_a_headless_chromium_draws_the_timeline(sim: Timeline, tmp_path: Path) -
     assert seen.fraction > 0.02 and seen.colours > 50
     # stored and evicted bars, duplicate drops, the free pool and the danger depth
     assert all(seen.near[c] > 200 for c in colours), seen.near
+    drawn = browser.dom(chromium, page)  # plotly's own SVG, legend and lane labels
+    assert drawn.count('class="main-svg"') >= 2 and "dropped: evicted (5)" in drawn
+    assert all(f">{lane.req_id}<" in drawn for lane in sim.lanes)
     blank, blank_png = tmp_path / "blank.html", tmp_path / "blank.png"
     blank.write_text("<!doctype html><html><body></body></html>")
     assert browser.screenshot(chromium, blank, blank_png).returncode == 0
