@@ -163,7 +163,7 @@ def figure(timeline: Timeline, title: str) -> Any:
                                         f"per {per} (right)", lanes_note(timeline)))
     steps, seconds, places = timeline.steps, timeline.seconds, digits(timeline)
     where = "step %{x}" if timeline.width_steps == 1 else \
-        f"steps %{{x}}+{timeline.width_steps - 1}"
+        f"step %{{x}} (a point per {timeline.width_steps} steps)"
     for key, row, label, colour in LINES:
         fig.add_trace(go.Scatter(x=steps, y=timeline.series[key], customdata=seconds,
                                  name=label, mode="lines", line={"color": colour, "width": 1.2},
