@@ -73,8 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--no-ledgers", action="store_true",
                          help="skip the final counters (saves a replay of each last file)")
     command.add_argument("--json", action="store_true", help="machine-readable output")
-    command = log_command("timeline", "plot the run per step", json_flag=False)
-    command.add_argument("-o", "--output", required=True, help="FILE.html, FILE.svg or FILE.png")
+    command = log_command("timeline", "plot the run per step: pool, ops, per-request lanes "
+                                      "(needs the 'plot' extra: plotly)", json_flag=False)
+    command.add_argument("-o", "--output", required=True,
+                         help="FILE.html (interactive, plotly.js embedded: opens offline)")
+    command.add_argument("--lanes", type=int, default=40,
+                         help="lanes for the N requests with the most store ops (default 40)")
+    command.add_argument("--requests", help="ID,ID,...: lanes for these requests instead")
     command = sub.add_parser("tail", help="follow a live event stream (ZeroMQ SUB)")
     command.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5600")
     command.add_argument("--count", type=int, default=0, help="stop after N records")
@@ -285,16 +290,24 @@ def _diff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    observer = timeline_mod.TimelineObserver()
-    result = replay(args.log, prefix=args.prefix, observer=observer)
-    title = f"{args.log}: {len(observer.steps)} token steps"
-    if result.header is not None:
-        title += f", {result.header.policy}"
+    from replay import timeline_plot
+
     try:
-        timeline_mod.write_timeline(observer, args.output, title)
-    except (timeline_mod.MissingDependency, ValueError) as error:
+        timeline_plot.check_target(args.output)
+        timeline_plot.require_plotly()
+        requests = [r for r in (args.requests or "").split(",") if r]
+        timeline, result = timeline_mod.build_timeline(
+            args.log, prefix=args.prefix, max_lanes=args.lanes, requests=requests)
+        title = f"{args.log}: {timeline.token_steps} token steps"
+        if result.header is not None:
+            title += f", {result.header.policy}"
+        timeline_plot.write_html(timeline, args.output, title)
+    except (timeline_plot.MissingDependency, ValueError) as error:
         raise UsageError(str(error)) from None
-    print(f"wrote {args.output} ({len(observer.steps)} steps)", file=out)
+    except OSError as error:
+        raise UsageError(f"-o {args.output}: {error.strerror}") from None
+    print(f"wrote {args.output} ({timeline.token_steps} token steps in {len(timeline.steps)} "
+          f"points; {timeline_plot.lanes_note(timeline)})", file=out)
     _warn_rejected(result, err)
     return _report_damage(result, err)
 

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from offload_fsm.commands import EndSession
 from offload_fsm.decisions import (
     BatchOrphaned,
-    OpRejected,
     OpsDropped,
     OpsHeld,
     OpsSelected,
     OpsShielded,
     ReceiptIgnored,
+    StoreAbandoned,
     StoreSettled,
     StoreSubmitted,
 )
@@ -44,31 +42,7 @@ from offload_fsm.events import (
 )
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
-
-
-@attrs.define(kw_only=True)
-class OpStory:
-    generation: int
-    start_token: int
-    end_token: int
-    block_ids: tuple[int, ...]
-    block_hashes: tuple[int | None, ...]
-    buffered_seq: int
-    buffered_step: int
-    status: str = "buffered"  # buffered, rejected, selected, submitted, stored, failed, dropped
-    cause: str = ""
-    block_id: int = -1
-    reused_by: str = ""
-    batch_id: int = -1
-    at_risk: list[dict[str, int]] = attrs.Factory(list)
-    notes: list[str] = attrs.Factory(list)
-
-    def overlaps(self, start: int, end: int) -> bool:
-        return self.start_token < end and start < self.end_token
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
+from replay.opstory import DROP_WHY, OpStory, OpTracker
 
 RUNS_SHOWN = 4  # runs of consecutive block ids printed before "+N more"
 
@@ -101,13 +75,12 @@ class ExplainObserver:
     def __init__(self, req_id: str, *, verbose: bool = False) -> None:
         self.req_id = req_id
         self.verbose = verbose
-        self.generation = 0
         self.seen = False
-        self.ops: list[OpStory] = []
+        self.tracker = OpTracker(lambda req_id: req_id == self.req_id)
+        self.ops = self.tracker.ops.setdefault(req_id, [])  # the tracker appends to it
         self.lines: list[dict[str, Any]] = []  # {"seq", "step", "text", "ops": [starts]}
-        self.block_users: dict[int, tuple[str, int]] = {}  # block -> (req, seq) last offered
-        self.batches: dict[int, list[OpStory]] = {}
-        self.receipts: dict[int, int] = {}
+        self.block_users = self.tracker.block_users
+        self.batches = self.tracker.batches
 
     # -- helpers ------------------------------------------------------------
 
@@ -117,10 +90,6 @@ class ExplainObserver:
         for op in ops or []:
             op.notes.append(f"seq {seq} step {state.step_index}: {text}")
 
-    def _live(self, start: int, end: int, statuses: tuple[str, ...]) -> list[OpStory]:
-        return [op for op in self.ops
-                if op.status in statuses and start <= op.start_token < end]
-
     # -- the observer -------------------------------------------------------
 
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
@@ -128,19 +97,11 @@ class ExplainObserver:
         kind = type(event)
         if kind is CandidateOffered:
             assert isinstance(event, CandidateOffered)
-            for block_id in event.block_ids:
-                self.block_users[block_id] = (event.req_id, seq)
-            if event.req_id != me:
+            op = self.tracker.offered(seq, event, outcome, state)
+            if op is None:
                 self._on_other_offer(seq, event, state)
             else:
-                op = OpStory(generation=self.generation, start_token=event.start_token,
-                             end_token=event.end_token, block_ids=event.block_ids,
-                             block_hashes=event.block_hashes,
-                             buffered_seq=seq, buffered_step=state.step_index)
-                self.ops.append(op)
-                rejected = [d for d in outcome.decisions if isinstance(d, OpRejected)]
-                if rejected:
-                    op.status, op.cause = "rejected", rejected[0].reason.value
+                if op.status == "rejected":
                     self._say(seq, state, f"offered [{op.start_token}, {op.end_token}) and "
                               f"rejected: {op.cause}", [op])
                 else:
@@ -157,7 +118,7 @@ class ExplainObserver:
             self.seen = True
         elif kind is RequestPreempted and event.req_id == me:  # type: ignore[union-attr]
             self._say(seq, state, "preempted: its blocks were freed, it restarts from token 0")
-            self.generation += 1
+            self.tracker.preempted(me)
         elif kind is RequestFinished and event.req_id == me:  # type: ignore[union-attr]
             assert isinstance(event, RequestFinished)
             self._say(seq, state, f"finished with {event.free_blocks} free blocks in the queue")
@@ -180,7 +141,7 @@ class ExplainObserver:
                           self.batches.get(batch))
         for decision in outcome.decisions:
             if getattr(decision, "req_id", None) == me:
-                self._on_decision(seq, event, decision, state)
+                self._on_decision(seq, decision, self.tracker.decided(decision, state), state)
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
                 self._say(seq, state, "LMCache session ended")
@@ -233,63 +194,43 @@ class ExplainObserver:
                           f"hash {snapshot[block_id]} -> {hash_now}",
                           [op for op in buffered if block_id in op.block_ids])
 
-    def _on_decision(self, seq: int, event: Event, decision: object, state: State) -> None:
+    def _on_decision(self, seq: int, decision: object, moved: list[OpStory] | None,
+                     state: State) -> None:
+        """Narrate a decision about this request; ``moved``: the ops the
+        tracker moved for it (None for decisions that move none)."""
         kind = type(decision)
+        ops = moved or []
         if kind is OpsSelected:
             assert isinstance(decision, OpsSelected)
-            ops = self._live(decision.start_token, decision.end_token, ("buffered",))
-            for op in ops:
-                op.status, op.batch_id = "selected", decision.batch_id
-            self.batches[decision.batch_id] = ops
             rank = f", front rank {decision.rank}" if decision.rank >= 0 else ""
             self._say(seq, state, f"selected [{decision.start_token}, {decision.end_token}) "
                       f"({decision.ops} ops) into batch {decision.batch_id}: "
                       f"{decision.reason.value}{rank}", ops)
         elif kind is StoreSubmitted:
             assert isinstance(decision, StoreSubmitted)
-            ops = self._live(decision.start_token, decision.end_token, ("selected",))
-            for op in ops:
-                op.status = "submitted"
             self._say(seq, state, f"hashes verified; store of [{decision.start_token}, "
                       f"{decision.end_token}) SUBMITTED ({decision.blocks} blocks, "
                       f"batch {decision.batch_id})", ops)
         elif kind is StoreSettled:
             assert isinstance(decision, StoreSettled)
-            ops = [op for op in self.batches.get(decision.batch_id, [])
-                   if op.status == "submitted"]
             outcome = "failed" if decision.failed else "stored"
-            for op in ops:
-                op.status = outcome
             orphan = " (orphaned batch)" if decision.orphaned else ""
             self._say(seq, state, f"batch {decision.batch_id} settled: {decision.ops} ops "
                       f"{outcome.upper()}{orphan}", ops)
+        elif kind is StoreAbandoned:
+            assert isinstance(decision, StoreAbandoned)
+            self._say(seq, state, f"batch {decision.batch_id} ABANDONED: {decision.receipts} "
+                      f"of {state.world_size} receipts within {decision.waited_s:.1f} s",
+                      ops)
         elif kind is OpsDropped:
             assert isinstance(decision, OpsDropped)
-            ops = self._live(decision.start_token, decision.end_token,
-                             ("buffered", "selected"))
-            reused_by = ""
-            if decision.block_id >= 0:
-                user = self.block_users.get(decision.block_id)
-                if user is not None and user[0] != self.req_id:
-                    reused_by = user[0]
-            for op in ops:
-                op.status, op.cause, op.block_id = "dropped", decision.cause.value, \
-                    decision.block_id
-                op.reused_by = reused_by
-            why = {
-                "evicted": "a block was reallocated before the drain",
-                "stale": "a block's hash changed before the store (skipped, never stored)",
-                "preempted": "the request was preempted",
-                "id_reuse": "the request id was reused",
-                "store_failed": "held behind a failed store (prefix chain broken)",
-                "cache_reset": "the prefix cache was reset",
-                "shutdown": "the connector shut down",
-            }[decision.cause.value]
+            reused_by = ops[0].reused_by if ops else ""
             block = f"; block {decision.block_id}" if decision.block_id >= 0 else ""
             whom = f" reused by {reused_by}" if reused_by else ""
             self._say(seq, state, f"DROPPED [{decision.start_token}, {decision.end_token}) "
                       f"({decision.ops} ops, {decision.tokens} tokens): "
-                      f"{decision.cause.value}: {why}{block}{whom}", ops)
+                      f"{decision.cause.value}: {DROP_WHY[decision.cause.value]}{block}{whom}",
+                      ops)
         elif kind is OpsHeld:
             assert isinstance(decision, OpsHeld)
             ops = [op for op in self.ops if op.status == "buffered"]
@@ -349,6 +290,8 @@ def format_story(data: dict[str, Any], verbose: bool = False) -> str:
         risk = (f", at risk at {len(op['at_risk'])} step(s) "
                 f"{ranges_text([r['step'] for r in op['at_risk']], verbose)}"
                 if op["at_risk"] else "")
+        if op["trimmed_tokens"]:
+            gen += f" (its first {op['trimmed_tokens']} tokens trimmed: duplicate)"
         lines.append(f"  [{op['start_token']}, {op['end_token']}){gen}: buffered at step "
                      f"{op['buffered_step']} on {blocks_text(op['block_ids'], verbose)}{risk} "
                      f"-> {outcome}")

@@ -25,7 +25,9 @@ is a divergence as well. Either way folding ends there.
 
 An ``observer(seq, event, outcome, state)`` sees every applied event; the
 analyses (explain, summary, timeline) are observers. The state passed to it
-is live: read it, never keep or mutate it.
+is live: read it, never keep or mutate it. A ``clock(wall_time_s)`` is
+called with the recorder's wall clock (absolute seconds) before the events
+of each INPUTS or REJECTED record are applied.
 """
 
 from __future__ import annotations
@@ -137,9 +139,10 @@ def replay(
     *,
     prefix: str | None = None,
     observer: Observer | None = None,
+    clock: Callable[[float], None] | None = None,
 ) -> ReplayResult:
     """Fold the run at ``path``; see the module docstring."""
-    fold = _Fold(observer)
+    fold = _Fold(observer, clock)
     for entry in read_log(path, prefix):
         if isinstance(entry, LogDamage):
             fold.on_damage(entry)
@@ -166,9 +169,11 @@ class _Fold:
     the result. One ``on_*`` method per record kind (:data:`_ON_RECORD`),
     called while folding; :meth:`after_stop` sees the records after that."""
 
-    def __init__(self, observer: Observer | None) -> None:
+    def __init__(self, observer: Observer | None,
+                 clock: Callable[[float], None] | None = None) -> None:
         self.result = ReplayResult()
         self.observer = observer
+        self.clock = clock
         self.state: State | None = None
         self.config: OffloadConfig | None = None
         self.folding = True
@@ -287,6 +292,8 @@ class _Fold:
         if state is None:
             return
         seq = record.seq
+        if self.clock is not None:
+            self.clock(record.wall_time_s)
         step_ = step
         check_of = outcome_check
         observer = self.observer
@@ -351,6 +358,8 @@ class _Fold:
             self.after_stop(record)
             return
         event = record.event
+        if self.clock is not None:
+            self.clock(record.wall_time_s)
         try:
             outcome = step(state, event)
         except Exception as error:  # the core refuses it again: reproduced

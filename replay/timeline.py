@@ -1,138 +1,229 @@
-"""``timeline``: a run at a glance, per token step.
+"""``timeline``: a run at a glance, on one x axis of token steps.
 
-:class:`TimelineObserver` samples, after each token step and its answers:
-buffered ops, the danger depth, ops submitted and ops dropped during the
-step, and pinned blocks. :func:`write_timeline` writes a self-contained
-``.html`` (inline SVG, no scripts, no dependencies) or ``.svg``; ``.png``
-needs matplotlib and raises :class:`MissingDependency` without it (this
-project does not depend on it).
+:func:`build_timeline` replays a log and returns a :class:`Timeline`:
+
+* per token step (a ``StepScheduled`` that scheduled tokens, sampled after
+  the step's answers): the free pool (vLLM's free-queue length after the
+  step's allocation), the danger depth (EVICTION_AWARE's window; 0 under
+  FIFO), pinned blocks, buffered ops, and the ops submitted and dropped
+  since the previous step's sample; and the recorder's wall clock in seconds
+  since the first event (the INPUTS record that carried the step);
+* per-request lanes: every store op of the chosen requests
+  (:class:`~replay.opstory.OpStory`, from :class:`~replay.opstory.OpTracker`)
+  from the step it was offered to the step it was stored, failed, abandoned,
+  rejected or dropped (with the cause), or still open at the end of the log.
+
+Bounded: the series hold at most :data:`MAX_POINTS` points; past that,
+neighbouring points merge and the width in steps doubles (levels keep the
+worst value of the merged steps, the free pool its minimum, the others
+their maximum; per-step counts add up). Lanes: the requests named in
+``requests``, else the ``max_lanes`` requests that offered the most ops
+(ties: the first to offer), found by a first replay that counts offers per
+request, shown in the order they first offered; a second replay then
+follows only those. At most :data:`MAX_OPS_PER_LANE` ops per lane are kept
+(the first offered); the rest are counted. Memory: the points, the lanes'
+ops, and one count per request. The picture is :mod:`replay.timeline_plot`.
 """
 
 from __future__ import annotations
 
-import html
-from pathlib import Path
+import bisect
+from collections import Counter as Tally
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
 
 from offload_fsm.counters import DROPPED_OPS, Counter
-from offload_fsm.events import Event, FreeQueueRead, HashesRead, StepScheduled
+from offload_fsm.events import (
+    CandidateOffered,
+    Event,
+    FreeQueueRead,
+    HashesRead,
+    RequestPreempted,
+    StepScheduled,
+)
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
+from replay.opstory import OpStory, OpTracker
+from replay.runner import ReplayResult, replay
 
-SERIES = (
-    ("buffered_ops", "buffered ops", "#1f77b4"),
-    ("depth_blocks", "danger depth (blocks)", "#ff7f0e"),
-    ("submitted_ops", "submitted ops / step", "#2ca02c"),
-    ("dropped_ops", "dropped ops / step", "#d62728"),
-    ("pinned_blocks", "pinned blocks", "#9467bd"),
-)
+MAX_POINTS = 2000
+MAX_OPS_PER_LANE = 200
+MAX_LANES = 200  # the most lanes one picture may ask for
+
+# Series: key -> how merged points combine (levels keep the worst, counts add up).
+SERIES: dict[str, Any] = {
+    "free_blocks": min, "depth_blocks": max, "pinned_blocks": max, "buffered_ops": max,
+    "submitted_ops": int.__add__, "dropped_ops": int.__add__,
+}
 _DROPPED = tuple(DROPPED_OPS.values())
 
 
-class MissingDependency(Exception):
-    pass
+@attrs.define(kw_only=True)
+class Lane:
+    req_id: str
+    offered_ops: int
+    ops: list[OpStory]
+    left_out_ops: int = 0
 
 
-class TimelineObserver:
-    """Samples per token step; submitted/dropped count what happened since
-    the previous step's sample (so drops between steps land on the next)."""
+@attrs.define(kw_only=True)
+class Timeline:
+    steps: list[int]  # the first token step of each point
+    seconds: list[float]  # seconds since the first event, at that step
+    width_steps: int  # token steps per point (1 until the series were merged)
+    series: dict[str, list[int]]
+    last_step: int
+    token_steps: int  # token steps sampled (the steps replayed)
+    lanes: list[Lane]
+    requests_with_ops: int  # requests that offered at least one op
+    chosen_by: str  # "busiest" or "requests"
 
-    def __init__(self) -> None:
+    def seconds_at(self, step: int) -> float:
+        """Seconds since the first event at ``step`` (at its point's first step)."""
+        if not self.steps:
+            return 0.0
+        return self.seconds[max(0, bisect.bisect_right(self.steps, step) - 1)]
+
+
+class SeriesObserver:
+    """Per token step samples into at most ``max_points`` points, and ops
+    offered per request. Use as ``observer`` and its :meth:`clock` as
+    ``clock`` of :func:`~replay.runner.replay`; call :meth:`finish` after."""
+
+    def __init__(self, max_points: int = MAX_POINTS) -> None:
+        self.max_points = max_points
+        self.width = 1
         self.steps: list[int] = []
-        self.samples: dict[str, list[int]] = {key: [] for key, _, _ in SERIES}
+        self.seconds: list[float] = []
+        self.values: dict[str, list[int]] = {key: [] for key in SERIES}
+        self.offered: Tally[str] = Tally()
+        self.last_step = 0
+        self.token_steps = 0
+        self._current: dict[str, int] | None = None
+        self._step = 0
+        self._seconds = 0.0
+        self._wall_s = 0.0
+        self._t0_s: float | None = None
         self._base = (0, 0)
         self._last = (0, 0)
 
+    def clock(self, wall_time_s: float) -> None:
+        if self._t0_s is None:
+            self._t0_s = wall_time_s
+        self._wall_s = wall_time_s - self._t0_s
+
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
         kind = type(event)
+        if kind is CandidateOffered:
+            self.offered[event.req_id] += 1  # type: ignore[union-attr]
+            return
         if kind is StepScheduled:
             if not event.scheduled_tokens:  # type: ignore[union-attr]
                 return
-            self.steps.append(state.step_index)
-            for values in self.samples.values():
-                values.append(0)
+            self.finish()
+            self._step = self.last_step = state.step_index
+            self.token_steps += 1
             self._base = self._last
-        elif (kind is not HashesRead and kind is not FreeQueueRead) or not self.steps:
+            self._seconds = self._wall_s
+        elif (kind is not HashesRead and kind is not FreeQueueRead) or self._current is None:
             return
         counters = state.counters
         submitted = counters[Counter.SUBMITTED_OPS]
         dropped = sum(counters[name] for name in _DROPPED)
-        samples = self.samples
-        samples["buffered_ops"][-1] = sum(len(rec.ops) for rec in state.pending.values())
-        samples["depth_blocks"][-1] = state.depth_blocks
-        samples["submitted_ops"][-1] = submitted - self._base[0]
-        samples["dropped_ops"][-1] = dropped - self._base[1]
-        samples["pinned_blocks"][-1] = len(state.pins)
+        self._current = {
+            "free_blocks": state.free_blocks, "depth_blocks": state.depth_blocks,
+            "pinned_blocks": len(state.pins),
+            "buffered_ops": sum(len(rec.ops) for rec in state.pending.values()),
+            "submitted_ops": submitted - self._base[0], "dropped_ops": dropped - self._base[1],
+        }
         self._last = (submitted, dropped)
 
+    def finish(self) -> None:
+        """Commit the last step's sample."""
+        if self._current is None:
+            return
+        sample, self._current = self._current, None
+        if self.steps and self.steps[-1] // self.width == self._step // self.width:
+            for key, merge in SERIES.items():
+                self.values[key][-1] = merge(self.values[key][-1], sample[key])
+            return
+        self.steps.append(self._step)
+        self.seconds.append(self._seconds)
+        for key in SERIES:
+            self.values[key].append(sample[key])
+        if len(self.steps) > self.max_points:
+            self._halve()
 
-def _panel(steps: list[int], values: list[int], label: str, color: str, width: int,
-           height: int, top: int) -> str:
-    left, right = 60, 10
-    inner_w, inner_h = width - left - right, height - 30
-    peak = max(values) if values else 0
-    peak = peak or 1
-    n = max(1, len(values) - 1)
-    points = " ".join(
-        f"{left + inner_w * i / n:.1f},{top + 20 + inner_h * (1 - v / peak):.1f}"
-        for i, v in enumerate(values)
-    )
-    first, last = (steps[0], steps[-1]) if steps else (0, 0)
-    return (
-        f'<text x="{left}" y="{top + 14}" font-size="13">{html.escape(label)} '
-        f'(max {max(values) if values else 0})</text>'
-        f'<line x1="{left}" y1="{top + 20 + inner_h}" x2="{left + inner_w}" '
-        f'y2="{top + 20 + inner_h}" stroke="#999"/>'
-        f'<text x="{left - 5}" y="{top + 24}" font-size="10" text-anchor="end">{peak}</text>'
-        f'<text x="{left - 5}" y="{top + 20 + inner_h}" font-size="10" '
-        f'text-anchor="end">0</text>'
-        f'<text x="{left}" y="{top + 32 + inner_h}" font-size="10">step {first}</text>'
-        f'<text x="{left + inner_w}" y="{top + 32 + inner_h}" font-size="10" '
-        f'text-anchor="end">step {last}</text>'
-        f'<polyline fill="none" stroke="{color}" stroke-width="1" points="{points}"/>'
-    )
-
-
-def render_svg(observer: TimelineObserver, title: str, *, width: int = 1000,
-               panel_height: int = 140) -> str:
-    parts = [f'<text x="10" y="20" font-size="15">{html.escape(title)}</text>']
-    top = 30
-    for key, label, color in SERIES:
-        parts.append(_panel(observer.steps, observer.samples[key], label, color, width,
-                            panel_height - 20, top))
-        top += panel_height
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + 10}" '
-            f'font-family="sans-serif">{"".join(parts)}</svg>')
+    def _halve(self) -> None:
+        self.width *= 2
+        steps, seconds, values = self.steps, self.seconds, self.values
+        keep = [0] + [i for i in range(1, len(steps))
+                      if steps[i] // self.width != steps[i - 1] // self.width]
+        for key, merge in SERIES.items():
+            merged = []
+            for n, start in enumerate(keep):
+                end = keep[n + 1] if n + 1 < len(keep) else len(steps)
+                value = values[key][start]
+                for i in range(start + 1, end):
+                    value = merge(value, values[key][i])
+                merged.append(value)
+            values[key] = merged
+        self.steps = [steps[i] for i in keep]
+        self.seconds = [seconds[i] for i in keep]
 
 
-def write_timeline(observer: TimelineObserver, path: str, title: str) -> None:
-    target = Path(path)
-    suffix = target.suffix.lower()
-    if suffix == ".png":
-        try:
-            import matplotlib
+class LaneObserver:
+    """The ops of the chosen requests, through an :class:`OpTracker`."""
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise MissingDependency(
-                "writing .png needs matplotlib, which is not installed; "
-                "write .html or .svg instead (no dependencies)"
-            ) from None
-        figure, axes = plt.subplots(len(SERIES), 1, sharex=True, figsize=(12, 10))
-        for axis, (key, label, color) in zip(axes, SERIES, strict=True):
-            axis.plot(observer.steps, observer.samples[key], color=color, linewidth=0.8)
-            axis.set_ylabel(label, fontsize=8)
-        axes[-1].set_xlabel("token step")
-        figure.suptitle(title)
-        figure.savefig(target)
-        return
-    svg = render_svg(observer, title)
-    if suffix == ".svg":
-        target.write_text(svg)
-    elif suffix in (".html", ".htm"):
-        target.write_text(
-            f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
-            f"</title></head><body>{svg}</body></html>\n"
-        )
-    else:
-        raise ValueError(f"{path}: expected a .html, .svg or .png file name")
+    def __init__(self, req_ids: Sequence[str]) -> None:
+        chosen = set(req_ids)
+        self.tracker = OpTracker(chosen.__contains__)
+
+    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        kind = type(event)
+        if kind is CandidateOffered:
+            self.tracker.offered(seq, event, outcome, state)  # type: ignore[arg-type]
+        elif kind is RequestPreempted:
+            self.tracker.preempted(event.req_id)  # type: ignore[union-attr]
+        for decision in outcome.decisions:
+            self.tracker.decided(decision, state)
+
+
+def build_timeline(path: str, *, prefix: str | None = None, max_lanes: int = 40,
+                   requests: Sequence[str] = ()) -> tuple[Timeline, ReplayResult]:
+    """Replay ``path`` (twice unless ``requests`` names the lanes); the
+    result is the first replay's (damage, rejection, header)."""
+    if not 1 <= max_lanes <= MAX_LANES:
+        raise ValueError(f"--lanes {max_lanes}: expected 1..{MAX_LANES}")
+    series = SeriesObserver()
+    lanes = LaneObserver(requests)
+
+    def both(seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        series(seq, event, outcome, state)
+        lanes(seq, event, outcome, state)
+
+    result = replay(path, prefix=prefix, observer=both if requests else series,
+                    clock=series.clock)
+    series.finish()
+    if requests:
+        chosen = list(requests)
+    else:  # the busiest, shown in the order they first offered
+        busiest = {req for req, _ in series.offered.most_common(max_lanes)}
+        chosen = [req for req in series.offered if req in busiest]
+    if not requests:
+        lanes = LaneObserver(chosen)
+        replay(path, prefix=prefix, observer=lanes)
+    lane_list = []
+    for req_id in chosen:
+        ops = lanes.tracker.of(req_id)
+        lane_list.append(Lane(req_id=req_id, offered_ops=series.offered[req_id],
+                              ops=ops[:MAX_OPS_PER_LANE],
+                              left_out_ops=max(0, len(ops) - MAX_OPS_PER_LANE)))
+    timeline = Timeline(steps=series.steps, seconds=series.seconds, width_steps=series.width,
+                        series=series.values, last_step=series.last_step,
+                        token_steps=series.token_steps, lanes=lane_list,
+                        requests_with_ops=len(series.offered),
+                        chosen_by="requests" if requests else "busiest")
+    return timeline, result

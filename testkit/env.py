@@ -4,6 +4,8 @@ offline hub, a 1 GiB CPU KV cache, no usage tracking, no banner.
 Primitives:
   E2E_ENV            the variables and their values
   apply_e2e_env()    set each one in ``os.environ`` unless it is already set
+  require_stack()    vLLM and LMCache importable, or skip (fail under ``CI=true``)
+  require_program()  a program on ``PATH``, or skip (fail under ``CI=true``)
 
 Contract: :func:`apply_e2e_env` must run before vLLM or LMCache is imported or spawns a
 subprocess, since both read these variables at import time. A value already in the
@@ -52,3 +54,21 @@ def require_stack() -> None:
             if in_ci():
                 pytest.fail(f"CI=true and {message}", pytrace=False)
             pytest.skip(message, allow_module_level=True)
+
+
+def require_program(*names: str, install: str) -> str:
+    """The path of the first of ``names`` on ``PATH``, for a test that runs that
+    program: skip without one, but fail under ``CI=true``; ``install`` says how
+    to get it."""
+    import shutil
+
+    import pytest
+
+    for name in names:
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    message = f"none of {', '.join(names)} is on PATH ({install})"
+    if in_ci():
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)

@@ -140,7 +140,7 @@ def test_timeline(log: Path, how: str, tmp_path: Path) -> None:
     output = tmp_path / "t.html"
     code, out, err = _run("timeline", str(damaged), "-o", str(output))
     assert code == EXIT_CORRUPT and err.startswith("damage: ")
-    assert f"({steps} steps)" in out and output.exists()
+    assert f"({steps} token steps in " in out and output.exists()
 
 
 @pytest.mark.parametrize("command", ["verify", "summary", "explain", "whatif", "timeline"])

@@ -211,11 +211,11 @@ def test_the_analyses_cover_a_run_up_to_its_rejection(tmp_path: Path) -> None:
     log = str(tmp_path / "log")
     for argv in (("summary", log), ("explain", log, "--request", "r0"),
                  ("whatif", log, "--policy", "EVICTION_AWARE"),
-                 ("timeline", log, "-o", str(tmp_path / "t.svg"))):
+                 ("timeline", log, "-o", str(tmp_path / "t.html"))):
         code, out, err = _run(*argv)
         assert code == 0, (argv, out, err)
         assert "warning: event " in err and "(reproduced on replay: yes)" in err, argv
-    assert (tmp_path / "t.svg").exists()
+    assert (tmp_path / "t.html").exists()
 
 
 def test_a_rejected_observation_has_no_prefix(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""Where each store op went: from its offer to stored, failed, abandoned,
+rejected or dropped (with the cause), reconstructed from a replay.
+
+:class:`OpTracker` is fed the events and decisions of a fold (``explain``
+narrates one request with it, ``timeline`` draws many): :meth:`offered` on
+every ``CandidateOffered``, :meth:`preempted` on ``RequestPreempted`` (ops
+offered after it belong to the next generation), :meth:`decided` on every
+decision. It keeps one :class:`OpStory` per op of the requests it follows,
+in offer order, and moves it through the statuses ``buffered``, ``selected``
+(taken into a verifying batch), ``submitted``, then ``stored``, ``failed``
+or ``abandoned`` (its batch's receipts never all arrived); or ``rejected``
+at the offer, or ``dropped`` with a :class:`~offload_fsm.decisions.DropCause`.
+A duplicate drop of no whole op (``ops=0``) trims an op instead: its leading
+chunks are stored elsewhere, the rest goes on (``start_token`` moves on,
+``trimmed_tokens`` counts the cut).
+Ops are matched to decisions by request and token range, as the core
+reports them; a batch's ops by batch id. It also remembers, for every block
+id, the request that last offered a chunk on it (who reused a block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from offload_fsm.decisions import (
+    OpRejected,
+    OpsDropped,
+    OpsSelected,
+    StoreAbandoned,
+    StoreSettled,
+    StoreSubmitted,
+)
+from offload_fsm.events import CandidateOffered
+from offload_fsm.machine import Outcome
+from offload_fsm.state import State
+
+ENDED = ("stored", "failed", "abandoned", "rejected", "dropped")
+
+DROP_WHY = {
+    "evicted": "a block was reallocated before the drain",
+    "stale": "a block's hash changed before the store (skipped, never stored)",
+    "preempted": "the request was preempted",
+    "id_reuse": "the request id was reused",
+    "store_failed": "held behind a failed store (prefix chain broken)",
+    "cache_reset": "the prefix cache was reset",
+    "shutdown": "the connector shut down",
+    "duplicate": "another request's batch holds the same content (not a loss)",
+}
+
+
+@attrs.define(kw_only=True)
+class OpStory:
+    generation: int
+    start_token: int
+    end_token: int
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[int | None, ...]
+    buffered_seq: int
+    buffered_step: int
+    op_id: int = -1  # the core's op id (-1: rejected, never an op)
+    status: str = "buffered"  # buffered, selected, submitted, or one of ENDED
+    cause: str = ""
+    block_id: int = -1
+    reused_by: str = ""
+    batch_id: int = -1
+    trimmed_tokens: int = 0  # leading tokens cut off as duplicates (start_token moved on)
+    selected_step: int = -1
+    ended_step: int = -1  # token step it was stored, failed, abandoned, rejected or dropped
+    at_risk: list[dict[str, int]] = attrs.Factory(list)
+    notes: list[str] = attrs.Factory(list)
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return self.start_token < end and start < self.end_token
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class OpTracker:
+    def __init__(self, follows: Callable[[str], bool]) -> None:
+        self.follows = follows
+        self.ops: dict[str, list[OpStory]] = {}  # request id -> its ops, in offer order
+        self.generation: dict[str, int] = {}
+        self.batches: dict[int, list[OpStory]] = {}
+        self.block_users: dict[int, tuple[str, int]] = {}  # block -> (req, seq) last offered
+
+    def of(self, req_id: str) -> list[OpStory]:
+        return self.ops.get(req_id, [])
+
+    def live(self, req_id: str, start: int, end: int, statuses: tuple[str, ...]
+             ) -> list[OpStory]:
+        return [op for op in self.ops.get(req_id, ())
+                if op.status in statuses and start <= op.start_token < end]
+
+    def offered(self, seq: int, event: CandidateOffered, outcome: Outcome, state: State
+                ) -> OpStory | None:
+        """The new op's story, when the tracker follows its request."""
+        for block_id in event.block_ids:
+            self.block_users[block_id] = (event.req_id, seq)
+        if not self.follows(event.req_id):
+            return None
+        op = OpStory(generation=self.generation.get(event.req_id, 0),
+                     start_token=event.start_token, end_token=event.end_token,
+                     block_ids=event.block_ids, block_hashes=event.block_hashes,
+                     buffered_seq=seq, buffered_step=state.step_index)
+        rejected = [d for d in outcome.decisions if isinstance(d, OpRejected)]
+        if rejected:
+            op.status, op.cause = "rejected", rejected[0].reason.value
+            op.ended_step = state.step_index
+        else:
+            op.op_id = state.next_op_id - 1
+        self.ops.setdefault(event.req_id, []).append(op)
+        return op
+
+    def preempted(self, req_id: str) -> None:
+        self.generation[req_id] = self.generation.get(req_id, 0) + 1
+
+    def decided(self, decision: object, state: State) -> list[OpStory] | None:
+        """Move the ops a decision names; the ops moved, or None when the
+        decision is not about an op's lifecycle or the request is not followed."""
+        req_id = getattr(decision, "req_id", None)
+        if req_id is None or not self.follows(req_id):
+            return None
+        kind = type(decision)
+        step = state.step_index
+        if kind is OpsSelected:
+            assert isinstance(decision, OpsSelected)
+            ops = self.live(req_id, decision.start_token, decision.end_token, ("buffered",))
+            for op in ops:
+                op.status, op.batch_id, op.selected_step = "selected", decision.batch_id, step
+            self.batches[decision.batch_id] = ops
+            return ops
+        if kind is StoreSubmitted:
+            assert isinstance(decision, StoreSubmitted)
+            ops = self.live(req_id, decision.start_token, decision.end_token, ("selected",))
+            for op in ops:
+                op.status = "submitted"
+            return ops
+        if kind is StoreSettled or kind is StoreAbandoned:
+            assert isinstance(decision, StoreSettled | StoreAbandoned)
+            ops = [op for op in self.batches.get(decision.batch_id, [])
+                   if op.status == "submitted"]
+            if isinstance(decision, StoreAbandoned):
+                outcome = "abandoned"
+            else:
+                outcome = "failed" if decision.failed else "stored"
+            for op in ops:
+                op.status, op.ended_step = outcome, step
+            return ops
+        if kind is OpsDropped:
+            assert isinstance(decision, OpsDropped)
+            if decision.ops == 0:  # a trim: leading chunks already stored elsewhere
+                return self._trim(req_id, decision.start_token, decision.end_token)
+            ops = self.live(req_id, decision.start_token, decision.end_token,
+                            ("buffered", "selected"))
+            reused_by = ""
+            if decision.block_id >= 0:
+                user = self.block_users.get(decision.block_id)
+                if user is not None and user[0] != req_id:
+                    reused_by = user[0]
+            for op in ops:
+                op.status, op.cause, op.block_id = "dropped", decision.cause.value, \
+                    decision.block_id
+                op.reused_by, op.ended_step = reused_by, step
+            return ops
+        return None
+
+    def _trim(self, req_id: str, start: int, end: int) -> list[OpStory]:
+        """Cut ``[start, end)`` off the front of the op that starts at ``start``;
+        its blocks in proportion (an op covers whole blocks)."""
+        ops = self.live(req_id, start, start + 1, ("buffered", "selected"))
+        for op in ops:
+            cut = len(op.block_ids) * (end - start) // (op.end_token - op.start_token)
+            op.block_ids, op.block_hashes = op.block_ids[cut:], op.block_hashes[cut:]
+            op.start_token, op.trimmed_tokens = end, op.trimmed_tokens + end - start
+        return ops
