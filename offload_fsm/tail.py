@@ -7,8 +7,8 @@ ops of requests that finished before traffic stopped stay buffered until
 their blocks are reallocated (``evicted``) or the engine stops
 (``shutdown``). Two knobs flush that tail instead. They are the only
 selections on a step without tokens (``invariants.quiet_on_empty_steps``
-allows exactly these), and with both off this module only counts nothing:
-the machine decides and digests as before they existed.
+allows exactly these), and with both off this module does nothing: the
+machine decides and digests as before they existed.
 
 * **Idle** (``idle_flush_steps`` = N > 0): each ``StepScheduled`` with zero
   tokens counts one idle step (``State.idle_steps``; a token step resets it).
