@@ -37,7 +37,7 @@ from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-from connector import metrics
+from connector import metrics, shutdown_signal
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
@@ -96,6 +96,11 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             recorder=recorder,
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
+        if config.shutdown_flush_s > 0 and not shutdown_signal.install(
+                self._lazy_offload_manager.shutdown_began):
+            _log.warning("lazy offload: %s_shutdown_flush_s is set, but this is not vLLM's "
+                         "engine-core process (no SIGTERM handler on the main thread); "
+                         "the shutdown flush is off for this engine", PREFIX)
 
     # -- fail fast: vLLM calls these with the config before weights load ---
 

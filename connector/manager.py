@@ -20,6 +20,18 @@ core command                what the shell does
 No business rule lives here: building stores is ``connector.stores``, the
 log lines ``connector.narrator``, the rules the core's.
 
+Keeping vLLM stepping: ``has_inflight_store_work`` (LMCache's
+``has_pending_push_work``, which vLLM's ``Scheduler.has_requests`` reads)
+asks the core (``keeps_stepping``): a store in flight, or, with a tail flush
+on (``offload_fsm.tail``), a finished request's intact buffered ops that a
+coming empty step will flush. vLLM's engine-core busy loop then runs
+zero-token steps, whose connector metadata the workers still execute
+(``kv_connector_no_forward`` binds it and calls ``wait_for_save``). The
+shutdown flush: :meth:`shutdown_began` is called from a SIGTERM/SIGINT hook
+(``connector.shutdown_signal``); vLLM's busy loop keeps stepping after the
+signal while we report work, so the next step feeds ``ShutdownBegan`` and
+flushes, and the receipts are awaited until ``shutdown_flush_s`` has passed.
+
 Never take vLLM down. Everything runs on the vLLM scheduler thread, and no
 exception leaves these methods. On any failure, of the core (a rejected
 event, a core bug) or of the shell itself, the shell logs one error with the
@@ -55,7 +67,15 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import OpRejected, OpsDropped, StoreAbandoned, StoreSettled
+from offload_fsm.counters import Counter
+from offload_fsm.decisions import (
+    OpRejected,
+    OpsDropped,
+    ShutdownLeft,
+    StoreAbandoned,
+    StoreSettled,
+    TailFlushed,
+)
 from offload_fsm.drain_only import DrainOnly
 from offload_fsm.errors import CommandFailed, StepFailed
 from offload_fsm.events import (
@@ -69,10 +89,11 @@ from offload_fsm.events import (
     RequestArrived,
     RequestFinished,
     RequestPreempted,
+    ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome, has_in_flight, window_depth
+from offload_fsm.machine import Outcome, has_in_flight, keeps_stepping, window_depth
 from offload_fsm.pins import decref
 
 
@@ -112,6 +133,10 @@ class EventSourcedManager:
         self._held: dict[int, int] = {}
         self._drain: DrainOnly | None = None
         self._actions = LazyOffloadActions()
+        # When vLLM's shutdown signal came (shell clock), and whether the core heard it.
+        self._shutdown_signal_s: float | None = None
+        self._shutdown_fed = False
+        self._left: ShutdownLeft | None = None
         self._log = get_logger()
         self._narrator = Narrator(self._log, clock)
 
@@ -134,6 +159,10 @@ class EventSourcedManager:
             self._log.info(
                 f"lazy offload enabled with EVICTION_AWARE policy: {self.config.describe()}"
             )
+        if self.config.idle_flush_steps or self.config.shutdown_flush_s:
+            self._log.info("lazy offload tail flush on",
+                           idle_flush_steps=self.config.idle_flush_steps,
+                           shutdown_flush_s=self.config.shutdown_flush_s)
 
     def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
         if self._pool is None:
@@ -181,7 +210,17 @@ class EventSourcedManager:
     def has_inflight_store_work(self) -> bool:
         if self._drain is not None:
             return self._drain.busy
-        return has_in_flight(self.state)
+        if self._shutdown_signal_s is not None and not self._shutdown_fed:
+            # ShutdownBegan is fed on the next step: step once more if it has work.
+            return bool(self.state.ready) or has_in_flight(self.state)
+        return keeps_stepping(self.state, self._clock())
+
+    def shutdown_began(self) -> None:
+        """vLLM's engine process got SIGTERM/SIGINT (``connector.shutdown_signal``).
+        Runs inside a signal handler: it only notes the time; the next step
+        feeds ``ShutdownBegan``."""
+        if self._shutdown_signal_s is None and self.config.shutdown_flush_s > 0:
+            self._shutdown_signal_s = self._clock()
 
     def log_final_stats(self) -> None:
         if self._closed:
@@ -191,6 +230,7 @@ class EventSourcedManager:
             if self._drain is None:
                 self._guarded(self._feed, ShutdownRequested())
                 self._submitted.clear()  # shutdown abandoned every batch it held
+                self._log_left()
             if self._drain is not None:
                 self._execute_all(self._drain.shutdown())
                 self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
@@ -199,6 +239,23 @@ class EventSourcedManager:
             if self._recorder is not None:
                 # A poisoned state's digest means nothing to replay.
                 self._recorder.close(self.state if self._drain is None else None)
+
+    def _log_left(self) -> None:
+        """With a tail flush on: one line with what never reached LMCache."""
+        left = self._left
+        if left is None:
+            return
+        counters = self.state.counters
+        self._log.info(
+            "lazy offload: left at shutdown, not in LMCache",
+            requests=left.requests,
+            ops=left.buffered_ops + left.in_flight_ops,
+            tokens=left.buffered_tokens + left.in_flight_tokens,
+            buffered_ops=left.buffered_ops, in_flight_ops=left.in_flight_ops,
+            shutdown_flush_ops=counters[Counter.SHUTDOWN_FLUSH_OPS],
+            idle_flush_ops=counters[Counter.IDLE_FLUSH_OPS],
+            signal_seen=self._shutdown_signal_s is not None,
+        )
 
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
@@ -239,6 +296,12 @@ class EventSourcedManager:
         ))
 
     def _step(self, scheduler_output: Any) -> None:
+        if self._shutdown_signal_s is not None and not self._shutdown_fed:
+            self._shutdown_fed = True
+            self._feed(ShutdownBegan(time_s=max(self._shutdown_signal_s, self.state.time_s)))
+            self._log.info("lazy offload: vLLM is shutting down; flushing the buffered tail",
+                           ready_requests=len(self.state.ready),
+                           wait_s=self.config.shutdown_flush_s)
         tokens = int(scheduler_output.total_num_scheduled_tokens)
         allocated = _allocated_block_ids(scheduler_output)
         next_step_blocks = self._blocks_for(tokens)
@@ -356,6 +419,12 @@ class EventSourcedManager:
                 held = self._submitted.get(decision.req_id)
                 if held is not None and held[0] == decision.batch_id:
                     del self._submitted[decision.req_id]
+            elif isinstance(decision, ShutdownLeft):
+                self._left = decision
+            elif isinstance(decision, TailFlushed):
+                self._log.debug("lazy offload: tail flushed", trigger=decision.trigger.value,
+                                requests=decision.requests, ops=decision.ops,
+                                tokens=decision.tokens, idle_steps=decision.idle_steps)
 
     def _take_actions(self) -> LazyOffloadActions:
         actions, self._actions = self._actions, LazyOffloadActions()

@@ -79,7 +79,8 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
     _by("dropped_tokens", "cause", DROPPED_TOKENS, "Tokens of the dropped store ops, by cause."),
     # Selections: every selected op once, by why (see LazyOffloadPromMetrics.observe).
     CounterFamily(METRIC_PREFIX + "selected_ops", "Store ops selected for a store, by reason "
-                  "(window or fifo: the policy's own rule; overdue, cascade, shielded).",
+                  "(window or fifo: the policy's own rule; overdue, cascade, shielded; "
+                  "idle_flush, shutdown_flush: the tail flush).",
                   "reason", {"": C.SELECTED_OPS,
                              **{r.value: c for r, c in SELECTED_BY.items()}}),
     _by("holds", "reason", HELD, "Times a due request was held back for a step, by reason "
@@ -106,6 +107,18 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
     _one("window_blocks_read", C.WINDOW_BLOCKS_READ, "Free-queue blocks read for the danger "
          "window (EVICTION_AWARE)."),
     _one("blocks_checked", C.BLOCKS_CHECKED, "Block hashes re-read at verification."),
+    _one("idle_flushes", C.IDLE_FLUSHES, "Empty steps on which the idle tail flush selected "
+         "(lmcache.mp.lazy_offload_idle_flush_steps)."),
+    _one("idle_flush_tokens", C.IDLE_FLUSH_TOKENS, "Tokens of the store ops the idle tail "
+         "flush selected (its extra writes)."),
+    _one("shutdown_flush_tokens", C.SHUTDOWN_FLUSH_TOKENS, "Tokens of the store ops selected "
+         "after vLLM began shutting down (lmcache.mp.lazy_offload_shutdown_flush_s)."),
+    _one("shutdown_left_ops", C.SHUTDOWN_LEFT_OPS, "Store ops buffered or in flight when the "
+         "connector shut down, with a tail flush on (never reached LMCache)."),
+    _one("shutdown_left_tokens", C.SHUTDOWN_LEFT_TOKENS, "Tokens of the store ops left at "
+         "shutdown."),
+    _one("shutdown_left_requests", C.SHUTDOWN_LEFT_REQUESTS, "Requests with store ops left at "
+         "shutdown."),
 )
 # A counter the core grows later is exported under its own name until it earns an entry
 # above (HELD[...] ones join the holds family automatically through the table).

@@ -155,6 +155,7 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         tuple(sorted(state.claimed_keys.items())),
         state.poisoned,
         *_lease(state),
+        *_tail(state),
     )
 
 
@@ -167,6 +168,15 @@ def _lease(state: State) -> tuple[Any, ...]:
         tuple(b.selected_time_s for b in state.batches.values()),
         tuple((r.req_id, r.stray_receipts) for r in state.requests.values() if r.stray_receipts),
     )
+
+
+def _tail(state: State) -> tuple[Any, ...]:
+    """Tail-flush state, only where a flush is on (logs recorded before it
+    existed, or with it off, keep their digests)."""
+    config = state.config
+    if config.idle_flush_steps <= 0 and config.shutdown_flush_s <= 0:
+        return ()
+    return (state.idle_steps, state.shutdown_until_s)
 
 
 def _counters(state: State) -> tuple[Any, ...]:

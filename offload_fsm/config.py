@@ -18,7 +18,13 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
+``lmcache.mp.lazy_offload_idle_flush_steps``   ``0`` (off)       integer >= 0 (tail flush)
+``lmcache.mp.lazy_offload_shutdown_flush_s``   ``0`` (off)       finite number >= 0 (tail flush)
 =============================================  ================  ===========================
+
+The two flush keys (``offload_fsm.tail``) are off by default, as the spec
+has it (the idle tail is not flushed automatically); with them off the
+machine behaves, decides and digests exactly as before they existed.
 
 Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
 or raises :class:`ConfigError` naming the key, the value and what is allowed.
@@ -84,6 +90,12 @@ class OffloadConfig:
     # files deleted first, never the file being written) and the rotation size.
     log_max_total_mib: float = 1024.0
     log_max_file_mib: float = 64.0
+    # The tail flush (``offload_fsm.tail``): after this many consecutive empty
+    # steps, submit the intact buffered ops of finished requests (0: never).
+    idle_flush_steps: int = 0
+    # When vLLM begins shutting down, submit them too and keep the engine
+    # stepping at most this long for their receipts (0: never).
+    shutdown_flush_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -112,6 +124,8 @@ class OffloadConfig:
             f"{PREFIX}_receipt_lease_s": self.receipt_lease_s,
             f"{PREFIX}_log_max_total_mib": self.log_max_total_mib,
             f"{PREFIX}_log_max_file_mib": self.log_max_file_mib,
+            f"{PREFIX}_idle_flush_steps": self.idle_flush_steps,
+            f"{PREFIX}_shutdown_flush_s": self.shutdown_flush_s,
         }
 
 
@@ -122,7 +136,14 @@ def _bool(key: str, value: object) -> bool:
 
 
 def _positive_int(key: str, value: object) -> int:
-    allowed = "an integer >= 1"
+    return _integer(key, value, minimum=1, allowed="an integer >= 1")
+
+
+def _count(key: str, value: object) -> int:
+    return _integer(key, value, minimum=0, allowed="an integer >= 0 (0: off)")
+
+
+def _integer(key: str, value: object, *, minimum: int, allowed: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(key, value, allowed)
     digits = value.strip().lstrip("+") if isinstance(value, str) else ""
@@ -134,7 +155,7 @@ def _positive_int(key: str, value: object) -> int:
         number = int(value)
     else:
         raise ConfigError(key, value, allowed)
-    if number < 1:
+    if number < minimum:
         raise ConfigError(key, value, allowed)
     return number
 
@@ -212,9 +233,18 @@ _PARSERS[f"{PREFIX}_log_max_file_mib"] = (
     "log_max_file_mib", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False)
 )
 
+_PARSERS[f"{PREFIX}_idle_flush_steps"] = ("idle_flush_steps", _count)
+_PARSERS[f"{PREFIX}_shutdown_flush_s"] = (
+    "shutdown_flush_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
+)
+
 # Keys a log header may lack because it was recorded before they existed: the
 # value that reproduces the recorder's behaviour then.
-_BEFORE_THEY_EXISTED: dict[str, object] = {f"{PREFIX}_receipt_lease_s": 0.0}
+_BEFORE_THEY_EXISTED: dict[str, object] = {
+    f"{PREFIX}_receipt_lease_s": 0.0,
+    f"{PREFIX}_idle_flush_steps": 0,
+    f"{PREFIX}_shutdown_flush_s": 0.0,
+}
 
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
 

@@ -68,6 +68,15 @@ class Counter(enum.StrEnum):
     ABANDONED_BATCHES = "abandoned_batches"  # receipt lease expired
     HELD_CLAIMED = "held_claimed"  # dedup: waited for another request's batch to settle
     FORGOTTEN_CHUNKS = "forgotten_chunks"  # stored chunks a lookup showed missing
+    # The tail flush (``tail``): its cost in extra writes, and what shutdown left.
+    IDLE_FLUSHES = "idle_flushes"  # empty steps on which the idle flush selected
+    IDLE_FLUSH_OPS = "idle_flush_ops"  # ops it selected (each is one more write)
+    IDLE_FLUSH_TOKENS = "idle_flush_tokens"
+    SHUTDOWN_FLUSH_OPS = "shutdown_flush_ops"  # ops selected after vLLM began shutting down
+    SHUTDOWN_FLUSH_TOKENS = "shutdown_flush_tokens"
+    SHUTDOWN_LEFT_OPS = "shutdown_left_ops"  # buffered, verifying or in flight at shutdown
+    SHUTDOWN_LEFT_TOKENS = "shutdown_left_tokens"
+    SHUTDOWN_LEFT_REQUESTS = "shutdown_left_requests"
 
 
 FIRST_LATER_COUNTER: Final = 44  # the members through BLOCKS_CHECKED: the digest's base
@@ -83,6 +92,8 @@ SELECTED_BY: Final = {
     SelectReason.OVERDUE: Counter.SELECTED_OVERDUE_OPS,
     SelectReason.CASCADE: Counter.SELECTED_CASCADE_OPS,
     SelectReason.SHIELDED: Counter.SELECTED_SHIELDED_OPS,
+    SelectReason.IDLE_FLUSH: Counter.IDLE_FLUSH_OPS,
+    SelectReason.SHUTDOWN_FLUSH: Counter.SHUTDOWN_FLUSH_OPS,
 }
 
 

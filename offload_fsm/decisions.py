@@ -30,6 +30,8 @@ class SelectReason(enum.Enum):
     SHIELDED = "shielded"  # protected at finish to close the blind window
     OVERDUE = "overdue"  # max_deferral_seconds passed
     FIFO = "fifo"  # ready count reached the threshold (FIFO)
+    IDLE_FLUSH = "idle_flush"  # idle_flush_steps empty steps in a row (the tail flush)
+    SHUTDOWN_FLUSH = "shutdown_flush"  # vLLM began shutting down (shutdown_flush_s)
 
 
 class DropCause(enum.Enum):
@@ -207,6 +209,50 @@ class StoredChunksForgotten:
     reported: int
 
 
+class FlushTrigger(enum.Enum):
+    IDLE = "idle"  # idle_flush_steps consecutive empty steps
+    SHUTDOWN = "shutdown"  # vLLM began shutting down
+
+
+@attrs.frozen(kw_only=True)
+class TailFlushed:
+    """The tail flush (``tail``) selected the intact buffered ops of every
+    finished request without a batch in flight: ``requests`` requests,
+    ``ops`` ops, ``tokens`` tokens (each request also has its
+    ``OpsSelected``; verification still skips stale ones). ``idle_steps``:
+    consecutive empty steps so far."""
+
+    TAG: ClassVar[int] = 112
+    trigger: FlushTrigger
+    requests: int
+    ops: int
+    tokens: int
+    idle_steps: int
+
+
+@attrs.frozen(kw_only=True)
+class ShutdownFlushBegan:
+    """vLLM began shutting down (``ShutdownBegan``): flush the tail and
+    wait for receipts until ``until_s`` (logical time)."""
+
+    TAG: ClassVar[int] = 113
+    until_s: float
+
+
+@attrs.frozen(kw_only=True)
+class ShutdownLeft:
+    """At shutdown, with the shutdown flush on: what never reached LMCache,
+    buffered (dropped ``shutdown``) or submitted without all receipts
+    (abandoned)."""
+
+    TAG: ClassVar[int] = 114
+    requests: int
+    buffered_ops: int
+    buffered_tokens: int
+    in_flight_ops: int
+    in_flight_tokens: int
+
+
 Decision = (
     OpRejected
     | OpsSelected
@@ -220,6 +266,9 @@ Decision = (
     | ShieldLifted
     | StoreAbandoned
     | StoredChunksForgotten
+    | TailFlushed
+    | ShutdownFlushBegan
+    | ShutdownLeft
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -235,4 +284,7 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     ShieldLifted,
     StoreAbandoned,
     StoredChunksForgotten,
+    TailFlushed,
+    ShutdownFlushBegan,
+    ShutdownLeft,
 )

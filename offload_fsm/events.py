@@ -12,7 +12,7 @@ Two kinds of event:
   :class:`CandidateOffered`, :class:`StepScheduled`, :class:`RequestFinished`,
   :class:`RequestPreempted`, :class:`ReceiptsArrived`,
   :class:`PrefixCacheReset`, :class:`ShutdownRequested`,
-  :class:`ChunksMissing`.
+  :class:`ChunksMissing`, :class:`ShutdownBegan`.
 * **Answers** report the result of a command the core asked for:
   :class:`HashesRead` answers ``ReadHashes`` and :class:`FreeQueueRead`
   answers ``ReadFreeQueue``. While answers are outstanding the core accepts no
@@ -173,6 +173,19 @@ class ChunksMissing:
     chunk_keys: tuple[int, ...]
 
 
+@attrs.frozen(kw_only=True)
+class ShutdownBegan:
+    """vLLM began shutting down (its engine process got SIGTERM or SIGINT)
+    and keeps stepping while the connector reports pending work; fed once,
+    just before the next ``StepScheduled``, only where the shutdown flush is
+    on (``shutdown_flush_s``). ``time_s``: when the signal came (logical
+    time, as on ``StepScheduled``). Source: the connector's signal hook,
+    read in ``build_connector_meta``."""
+
+    TAG: ClassVar[int] = 12
+    time_s: float
+
+
 Event = (
     RequestArrived
     | CandidateOffered
@@ -185,6 +198,7 @@ Event = (
     | PrefixCacheReset
     | ShutdownRequested
     | ChunksMissing
+    | ShutdownBegan
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -199,6 +213,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     PrefixCacheReset,
     ShutdownRequested,
     ChunksMissing,
+    ShutdownBegan,
 )
 # Answers report a command's result; every other event is an observation.
 ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)

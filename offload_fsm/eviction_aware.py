@@ -7,9 +7,11 @@ detection), then plans a drain over the free-queue window the shell read
 (``ea_planner``) within the step's budget (``StepContext``: the drain cap and
 the pin headroom, ``pins.pin_reserve``). A step with nothing due (no overdue
 request, no shield, no buffered block in the window) costs one C-level set
-test. A step without scheduled tokens selects nothing (vLLM discards
-connector metadata built on it); it lifts the shields, because an idle
-engine must not hold pins.
+test. A step without scheduled tokens selects nothing (the spec evaluates
+drains on token steps only; LMCache's manager says vLLM discards such a
+step's metadata, but vLLM 0.32's workers do execute it, see ``tail``,
+which uses that when a tail flush is configured); it lifts the shields,
+because an idle engine must not hold pins.
 
 Three rules beat LMCache's EVICTION_AWARE where it loses data:
 

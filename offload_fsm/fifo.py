@@ -4,8 +4,9 @@ A request is *ready* when it has finished, has buffered ops and no batch in
 flight (``State.ready``). When the ready count reaches ``threshold`` on a
 token-producing step, up to ``select_count`` ready requests are selected
 whole, in the order their first op entered the buffer. Nothing happens on a
-step without scheduled tokens, nor while idle. FIFO keeps no state of its
-own: every other hook is a no-op.
+step without scheduled tokens, nor while idle (unless a tail flush is
+configured: ``tail``). FIFO keeps no state of its own: every other hook is
+a no-op.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ The invariants:
 * ``front_slices``: a request's buffered ops are contiguous in token order and
   its current-generation batch ends where its buffer starts (what was
   selected is a contiguous front slice).
-* ``quiet_on_empty_steps``: nothing was selected on a zero-token step.
+* ``quiet_on_empty_steps``: nothing was selected on a zero-token step, except
+  by a configured tail flush (``tail``): after ``idle_flush_steps``
+  consecutive empty steps, or inside the shutdown wait.
 * ``verified_before_submit``: every in-flight op passed its hash check (the
   check itself is the ``HashesRead`` handler; submitted ops carry no other
   path into ``IN_FLIGHT``).
@@ -134,9 +136,18 @@ def front_slices(state: State) -> list[str]:
 
 
 def quiet_on_empty_steps(state: State) -> list[str]:
-    if state.last_step_tokens == 0 and state.selected_in_step:
-        return [f"{state.selected_in_step} ops selected on a zero-token step"]
-    return []
+    if state.last_step_tokens != 0:
+        return []
+    problems = []
+    other = state.selected_in_step - state.flushed_in_step
+    if other:
+        problems.append(f"{other} ops selected on a zero-token step, not by the tail flush")
+    limit = state.config.idle_flush_steps
+    idle_due = limit > 0 and state.idle_steps >= limit
+    if state.flushed_in_step and not idle_due and state.shutdown_until_s is None:
+        problems.append(f"{state.flushed_in_step} ops flushed before {limit} idle steps "
+                        f"({state.idle_steps}) and outside a shutdown wait")
+    return problems
 
 
 def verified_before_submit(state: State) -> list[str]:

@@ -11,8 +11,8 @@ Three tables, the only place legality lives:
 * :data:`REQUEST_LEGAL`: a request-scoped observation, by the phase of the
   request it names -> ``None`` (legal) or why it is not. Observations that
   name no request (``StepScheduled``, ``ReceiptsArrived``, which names
-  several, ``PrefixCacheReset``, ``ShutdownRequested``, ``ChunksMissing``,
-  keyed by content) are legal whenever the machine is OPEN.
+  several, ``PrefixCacheReset``, ``ShutdownRequested``, ``ShutdownBegan``,
+  ``ChunksMissing``, keyed by content) are legal whenever the machine is OPEN.
 * :data:`OP_MOVES`: an op's status -> the statuses it may move to
   (:func:`move` is the only writer of ``Op.status``).
 

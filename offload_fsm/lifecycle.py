@@ -17,6 +17,7 @@ ledger; admissions start it.
 
 from __future__ import annotations
 
+from offload_fsm import tail
 from offload_fsm.buffer import (
     drop_pending,
     maybe_end,
@@ -170,7 +171,9 @@ def on_cache_reset(state: State, event: PrefixCacheReset, scope: Scope) -> None:
 
 def on_shutdown(state: State, event: ShutdownRequested, scope: Scope) -> None:
     """Drop every buffer, abandon every batch in flight (releasing its pins),
-    end every finished request's session, and close the machine."""
+    end every finished request's session, and close the machine. With a tail
+    flush on, what is left is counted first (``tail.record_left``)."""
+    tail.record_left(state, scope)
     counters = state.counters
     for rec in list(state.pending.values()):
         drop_pending(state, rec, DropCause.SHUTDOWN, scope)

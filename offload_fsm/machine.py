@@ -54,7 +54,10 @@ FINISHED request with nothing buffered and no batch ends its session
 fields and hands over to the policy (``PolicyHooks.token_step``: FIFO's
 threshold rule in ``fifo``; the danger window, cascade and shields in
 ``eviction_aware``). Its commands are answered before the next observation.
-A step with zero scheduled tokens selects nothing; it only lifts shields.
+A step with zero scheduled tokens selects nothing; it only lifts shields,
+unless a tail flush is configured (``tail``: after ``idle_flush_steps``
+empty steps in a row, or after ``ShutdownBegan``, the ready requests'
+intact buffered ops are selected; off by default).
 
 Ledger (ops; the same holds for tokens)::
 
@@ -70,7 +73,7 @@ from typing import Any
 
 import attrs
 
-from offload_fsm import dedup, drain, eviction_aware, lifecycle
+from offload_fsm import dedup, drain, eviction_aware, lifecycle, tail
 from offload_fsm.commands import Command
 from offload_fsm.decisions import Decision
 from offload_fsm.errors import CommandFailed, CoreFault, MachinePoisoned, StepFailed
@@ -85,16 +88,18 @@ from offload_fsm.events import (
     RequestArrived,
     RequestFinished,
     RequestPreempted,
+    ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
 )
 from offload_fsm.hooks import Scope
 from offload_fsm.legality import check
 from offload_fsm.policies import hooks_for
-from offload_fsm.queries import has_in_flight, watches, window_depth
+from offload_fsm.queries import has_in_flight, keeps_stepping, watches, window_depth
 from offload_fsm.state import State
 
-__all__ = ["Outcome", "drive", "has_in_flight", "step", "watches", "window_depth"]
+__all__ = ["Outcome", "drive", "has_in_flight", "keeps_stepping", "step", "watches",
+           "window_depth"]
 
 
 @attrs.frozen(kw_only=True)
@@ -106,7 +111,7 @@ class Outcome:
 _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     RequestArrived: lifecycle.on_arrived,
     CandidateOffered: lifecycle.on_offered,
-    StepScheduled: drain.on_step,
+    StepScheduled: tail.on_step,
     RequestFinished: lifecycle.on_finished,
     RequestPreempted: lifecycle.on_preempted,
     ReceiptsArrived: drain.on_receipts,
@@ -115,6 +120,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     HashesRead: drain.on_hashes,
     FreeQueueRead: eviction_aware.on_queue_read,
     ChunksMissing: dedup.on_chunks_missing,
+    ShutdownBegan: tail.on_shutdown_began,
 }
 
 

@@ -30,3 +30,17 @@ def has_in_flight(state: State) -> bool:
     return bool(state.shielded) or any(
         b.status is BatchStatus.IN_FLIGHT for b in state.batches.values()
     )
+
+
+def keeps_stepping(state: State, now_s: float) -> bool:
+    """Whether vLLM must keep stepping (``has_pending_push_work``), at the
+    shell's time ``now_s``: :func:`has_in_flight`, or a ready request that a
+    configured tail flush will select on a coming empty step (``tail``).
+    Once the shutdown wait has passed ``shutdown_until_s``, never: vLLM may
+    stop, and what is left is recorded at ``ShutdownRequested``."""
+    until = state.shutdown_until_s
+    if until is not None and now_s >= until:
+        return False
+    if has_in_flight(state):
+        return True
+    return bool(state.ready) and (until is not None or state.config.idle_flush_steps > 0)

@@ -164,6 +164,11 @@ class State:
     next_op_id: int = 0
     next_batch_id: int = 0
     next_order: int = 0
+    # The tail flush (``tail``): consecutive empty steps, ops it selected this
+    # step, and the end of the shutdown wait (None until vLLM began shutting down).
+    idle_steps: int = 0
+    flushed_in_step: int = 0
+    shutdown_until_s: float | None = None
     counters: dict[Counter, int] = attrs.Factory(new_counters)
 
 

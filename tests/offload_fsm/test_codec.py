@@ -20,6 +20,7 @@ from offload_fsm.commands import COMMAND_TYPES
 from offload_fsm.decisions import (
     DECISION_TYPES,
     DropCause,
+    FlushTrigger,
     HoldReason,
     IgnoreReason,
     RejectReason,
@@ -48,6 +49,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     9: ("PrefixCacheReset", ()),
     10: ("ShutdownRequested", ()),
     11: ("ChunksMissing", ("chunk_keys",)),
+    12: ("ShutdownBegan", ("time_s",)),
     100: ("OpRejected", ("req_id", "start_token", "end_token", "reason")),
     101: ("OpsSelected",
           ("req_id", "batch_id", "start_token", "end_token", "ops", "reason", "rank")),
@@ -63,6 +65,10 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
     110: ("StoreAbandoned", ("req_id", "batch_id", "ops", "tokens", "receipts", "waited_s")),
     111: ("StoredChunksForgotten", ("chunk_keys", "reported")),
+    112: ("TailFlushed", ("trigger", "requests", "ops", "tokens", "idle_steps")),
+    113: ("ShutdownFlushBegan", ("until_s",)),
+    114: ("ShutdownLeft",
+          ("requests", "buffered_ops", "buffered_tokens", "in_flight_ops", "in_flight_tokens")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),
     201: ("ReadHashes", ("batch_id", "block_ids")),
     202: ("SubmitStore", ("batch_id", "req_id", "start_token", "end_token", "block_ids")),
@@ -73,11 +79,13 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
 
 ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
     RejectReason: ("unhashed", "prefix_broken", "already_stored"),
-    SelectReason: ("window", "cascade", "shielded", "overdue", "fifo"),
+    SelectReason: ("window", "cascade", "shielded", "overdue", "fifo", "idle_flush",
+                   "shutdown_flush"),
     DropCause: ("evicted", "preempted", "id_reuse", "store_failed", "stale", "cache_reset",
                 "shutdown", "duplicate"),
     HoldReason: ("drain_cap", "pin_budget", "in_flight", "claimed"),
     IgnoreReason: ("unknown_request", "excess_count", "lease_expired"),
+    FlushTrigger: ("idle", "shutdown"),
 }
 
 
@@ -169,7 +177,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 12, 99, 112, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 13, 99, 115, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:

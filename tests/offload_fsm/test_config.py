@@ -253,3 +253,50 @@ def test_a_config_built_directly_keeps_valid_typed_values() -> None:
     assert attrs.evolve(config, threshold=4).threshold == 4
     with pytest.raises(ConfigError, match="threshold"):
         attrs.evolve(config, threshold=0)
+
+
+# --------------------------------------------------------------------------
+# The tail flush (offload_fsm.tail): off by default.
+
+
+def test_the_tail_flush_is_off_by_default_and_logs_without_its_keys_replay_with_it_off() -> None:
+    from offload_fsm.config import parse_recorded_config
+
+    assert (parse_config({}).idle_flush_steps, parse_config({}).shutdown_flush_s) == (0, 0.0)
+    old_header = {k: v for k, v in OffloadConfig(enabled=True).to_wire().items()
+                  if "flush" not in k}
+    recorded = parse_recorded_config(old_header)
+    assert (recorded.idle_flush_steps, recorded.shutdown_flush_s) == (0, 0.0)
+
+
+def test_the_tail_flush_keys_accept_numbers_and_numeric_strings() -> None:
+    config = parse_config({f"{P}_idle_flush_steps": "8", f"{P}_shutdown_flush_s": "2.5"})
+    assert (config.idle_flush_steps, config.shutdown_flush_s) == (8, 2.5)
+    assert parse_config({f"{P}_idle_flush_steps": 0}).idle_flush_steps == 0
+    wire = config.to_wire()
+    assert (wire[f"{P}_idle_flush_steps"], wire[f"{P}_shutdown_flush_s"]) == (8, 2.5)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "value", "allowed"),
+    [
+        ("_idle_flush_steps", -1, "an integer >= 0"),
+        ("_idle_flush_steps", 2.5, "an integer >= 0"),
+        ("_idle_flush_steps", "true", "an integer >= 0"),
+        ("_idle_flush_steps", True, "an integer >= 0"),
+        ("_idle_flush_steps", math.nan, "an integer >= 0"),
+        ("_shutdown_flush_s", -0.5, "a finite number >= 0"),
+        ("_shutdown_flush_s", math.inf, "a finite number >= 0"),
+        ("_shutdown_flush_s", "soon", "a finite number >= 0"),
+        ("_shutdown_flush_s", False, "a finite number >= 0"),
+    ],
+)
+def test_bad_tail_flush_values_name_key_value_and_allowed(
+    suffix: str, value: object, allowed: str
+) -> None:
+    key = P + suffix
+    with pytest.raises(ConfigError) as raised:
+        parse_config({key: value})
+    assert raised.value.key == key
+    assert key in str(raised.value) and repr(value) in str(raised.value)
+    assert allowed in str(raised.value)

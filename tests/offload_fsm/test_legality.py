@@ -22,6 +22,7 @@ from offload_fsm.events import (
     RequestArrived,
     RequestFinished,
     RequestPreempted,
+    ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
 )
@@ -99,6 +100,7 @@ class Setup:
             PrefixCacheReset: PrefixCacheReset,
             ShutdownRequested: ShutdownRequested,
             ChunksMissing: lambda: ChunksMissing(chunk_keys=(1,)),
+            ShutdownBegan: lambda: ShutdownBegan(time_s=h.time_s),
             HashesRead: lambda: self.answers.get(
                 HashesRead, HashesRead(batch_id=0, block_hashes=(1, 2))),
             FreeQueueRead: lambda: self.answers.get(

@@ -15,6 +15,11 @@ free-queue head just before a drain (reported, or not at all), and
 exceptions raised by the shell's command executor (the shell then drains
 what LMCache holds, ``offload_fsm.drain_only``). Every run ends with every
 pin released, every finished session ended and no stale store.
+
+With the idle tail flush on (``idle_flush_steps``, both policies), one more
+rule lets the engine idle the way vLLM does: empty steps while
+``keeps_stepping`` says so, every receipt delivered; it must go quiet
+within a bounded number of steps with no finished request left buffered.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from offload_fsm.commands import (
 )
 from offload_fsm.decisions import StoreSettled
 from offload_fsm.invariants import ledger_terms
+from offload_fsm.machine import keeps_stepping
 from offload_fsm.testing.world import FakePool, World
 
 REQUEST_IDS = ("a", "b", "c", "d", "e")
@@ -50,6 +56,7 @@ COMMANDS = (ProtectBlocks, ReadHashes, ReadFreeQueue, SubmitStore, ReleaseBlocks
 
 class OffloadMachine(RuleBasedStateMachine):
     policy: Policy = Policy.EVICTION_AWARE
+    idle_flush_steps = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,7 +64,7 @@ class OffloadMachine(RuleBasedStateMachine):
             enabled=True, policy=self.policy, threshold=2, select_count=2,
             horizon_steps=2.5, max_drain_per_step=3,
             max_deferral_seconds=0.05 if self.policy is Policy.EVICTION_AWARE else 0.0,
-            receipt_lease_s=LEASE_S,
+            receipt_lease_s=LEASE_S, idle_flush_steps=self.idle_flush_steps,
         )
         self.world = World(
             state=new_state(config, world_size=WORLD_SIZE),
@@ -102,6 +109,25 @@ class OffloadMachine(RuleBasedStateMachine):
     def idle_step(self) -> None:
         note("empty step")
         self.world.schedule([], next_step_blocks=0)
+
+    @precondition(lambda self: self.idle_flush_steps > 0 and self.world.drain is None)
+    @rule()
+    def idle_until_quiet(self) -> None:
+        """vLLM with nothing to schedule steps only while the connector asks."""
+        self._idle_until_quiet()
+
+    def _idle_until_quiet(self) -> None:
+        world = self.world
+        bound = self.idle_flush_steps + 4 * len(REQUEST_IDS) * MAX_CHUNKS
+        steps = 0
+        while keeps_stepping(world.state, world.time_s) and world.drain is None:
+            assert steps < bound, f"still stepping after {steps} empty steps"
+            world.schedule([], next_step_blocks=0)
+            world.settle_all()
+            steps += 1
+        note(f"idle for {steps} steps")
+        if world.drain is None:
+            assert not world.state.ready, "a finished request's tail stayed buffered"
 
     @precondition(lambda self: self.world.active)
     @rule(data=st.data())
@@ -201,6 +227,9 @@ class OffloadMachine(RuleBasedStateMachine):
             world.finish(req_id)
         world.settle_all()
         world.schedule([], next_step_blocks=0, dt_s=2 * LEASE_S)  # lost receipts: leases end
+        if self.idle_flush_steps:  # that empty step may have flushed the tail
+            world.settle_all()
+            self._idle_until_quiet()
         world.release_intruders()
         if world.drain is None:
             terms = ledger_terms(world.state)
@@ -228,5 +257,17 @@ class FifoMachine(OffloadMachine):
     policy = Policy.FIFO
 
 
+class EvictionAwareIdleFlushMachine(OffloadMachine):
+    policy = Policy.EVICTION_AWARE
+    idle_flush_steps = 2
+
+
+class FifoIdleFlushMachine(OffloadMachine):
+    policy = Policy.FIFO
+    idle_flush_steps = 2
+
+
 TestEvictionAware = EvictionAwareMachine.TestCase
 TestFifo = FifoMachine.TestCase
+TestEvictionAwareIdleFlush = EvictionAwareIdleFlushMachine.TestCase
+TestFifoIdleFlush = FifoIdleFlushMachine.TestCase

@@ -19,6 +19,7 @@ from offload_fsm.events import (
     RequestArrived,
     RequestFinished,
     RequestPreempted,
+    ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
 )
@@ -50,6 +51,7 @@ EVERY_EVENT = (
     PrefixCacheReset(),
     ShutdownRequested(),
     ChunksMissing(chunk_keys=(2**64 - 1, 7)),
+    ShutdownBegan(time_s=2.5),
 )
 EMPTY = Outcome(decisions=(), commands=())
 HEADER = Header(seq=0, wall_time_s=1000.0, schema=SCHEMA_VERSION, config={"k": 1},
@@ -103,7 +105,7 @@ def test_wire_tags_are_stable() -> None:
     """Renumbering breaks every recorded log: these values are forever."""
     assert (logformat.HEADER, logformat.INPUTS, logformat.DIGEST, logformat.GAP,
             logformat.END) == (1, 2, 3, 4, 5)
-    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 
 
 def test_unknown_tags_and_bad_payloads() -> None:

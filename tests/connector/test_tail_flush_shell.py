@@ -1,0 +1,89 @@
+"""The shell's side of the tail flush over a real vLLM ``BlockPool``: the
+keepalive vLLM reads (``has_inflight_store_work``), the shutdown signal
+turned into ``ShutdownBegan`` on the next step, the bounded wait, the
+one line of what was left, and the SIGTERM hook chained before vLLM's."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import pytest
+
+from connector import shutdown_signal
+from tests.connector.test_manager_faults import Shell
+
+
+def test_the_idle_flush_keeps_vllm_stepping_until_the_tail_is_stored() -> None:
+    shell = Shell(threshold=100, idle_flush_steps=3)
+    shell.offer("a")
+    shell.step()
+    shell.finish("a")
+    assert shell.mgr.has_inflight_store_work()  # buffered tail: vLLM must keep stepping
+    shell.step(tokens=0)
+    shell.step(tokens=0)
+    assert shell.submitted == []
+    shell.step(tokens=0)
+    assert shell.submitted == ["a"]
+    assert shell.mgr.has_inflight_store_work()  # its receipt
+    shell.receipts({"a": 1})
+    assert shell.ended == ["a"] and not shell.mgr.has_inflight_store_work()
+
+
+def test_off_the_buffered_tail_keeps_nothing_alive() -> None:
+    shell = Shell(threshold=100)
+    shell.offer("a")
+    shell.step()
+    shell.finish("a")
+    shell.mgr.shutdown_began()  # no-op while the shutdown flush is off
+    assert not shell.mgr.has_inflight_store_work()
+    for _ in range(10):
+        shell.step(tokens=0)
+    assert shell.submitted == []
+
+
+def test_the_shutdown_signal_flushes_on_the_next_step_and_the_wait_is_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shell = Shell(threshold=100, shutdown_flush_s=2.0)
+    shell.offer("a")
+    shell.offer("b")
+    shell.step()
+    shell.finish("a")
+    shell.finish("b")
+    assert not shell.mgr.has_inflight_store_work()  # no idle flush: the tail waits
+    shell.mgr.shutdown_began()  # what the SIGTERM hook calls
+    assert shell.mgr.has_inflight_store_work()  # one more step, to flush
+    shell.step(tokens=0, dt_s=0.5)
+    assert sorted(shell.submitted) == ["a", "b"]
+    shell.receipts({"a": 1})
+    assert shell.mgr.has_inflight_store_work()  # "b" still in flight, 0.5 s into the wait
+    shell.clock.now_s += 2.0
+    assert not shell.mgr.has_inflight_store_work()  # the wait is over: vLLM may stop
+    with caplog.at_level(logging.INFO, logger="vllm.lazy_offload"):
+        shell.mgr.log_final_stats()
+    left = [r.getMessage() for r in caplog.records if "left at shutdown" in r.getMessage()]
+    assert len(left) == 1
+    assert "requests=1 ops=1 tokens=32 buffered_ops=0 in_flight_ops=1" in left[0]  # 2 blocks
+    assert "shutdown_flush_ops=2" in left[0] and "signal_seen=True" in left[0]
+
+
+def test_the_hook_runs_before_the_handler_it_chains_and_only_where_one_is() -> None:
+    calls: list[str] = []
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def vllm_handler(signum: int, frame: Any) -> None:
+        calls.append(f"vllm {signum}")
+
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert not shutdown_signal.install(lambda: calls.append("ours"))  # no handler to chain
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, vllm_handler)
+        assert shutdown_signal.install(lambda: calls.append("ours"))
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
+        assert calls == ["ours", f"vllm {int(signal.SIGTERM)}"]
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
