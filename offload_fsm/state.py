@@ -41,6 +41,10 @@ class OpStatus(enum.Enum):
     DROPPED = "dropped"
     ABANDONED = "abandoned"  # in flight at shutdown
 
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
+
 
 class BatchStatus(enum.Enum):
     VERIFYING = "verifying"  # protected, hashes requested, not yet submitted
