@@ -19,7 +19,7 @@ The invariants:
 * ``verified_before_submit``: every in-flight op passed its hash check (the
   check itself is the ``HashesRead`` handler; submitted ops carry no other
   path into ``IN_FLIGHT``).
-* ``indexes_agree``: the pending/ready/shielded/owner indexes match the
+* ``indexes_agree``: the pending/ready/shielded/owner (and owner hash) indexes match the
   buffers.
 * ``statuses_agree``: every op's status matches its container (buffered ops
   BUFFERED, a batch's ops its batch's status).
@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Final
 
+from offload_fsm.blockindex import derived_hashes
 from offload_fsm.config import Policy
 from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
 from offload_fsm.state import BatchStatus, OpStatus, Phase, State, holders
@@ -170,6 +171,8 @@ def indexes_agree(state: State) -> list[str]:
         indexed = {b: sorted(op.op_id for op in holders(e)) for b, e in state.owners.items()}
         if {b: sorted(v) for b, v in owners.items()} != indexed:
             problems.append("block owner index disagrees with the buffers")
+        if state.owner_hashes != derived_hashes(state.owners):
+            problems.append("owner hash index disagrees with the owners' snapshots")
         claimed: Tally[int] = Tally(
             key for batch in state.batches.values() for op in batch.ops for key in op.chunk_keys
         )

@@ -154,6 +154,9 @@ class State:
     # EA: block id -> the buffered op(s) covering it (one op, or a dict by op id when
     # shared). All holders of a block share its snapshot hash (see blockindex.index).
     owners: dict[int, Op | dict[int, Op]] = attrs.Factory(dict)
+    # EA: block id -> the snapshot hash its holders share (derived from ``owners``
+    # for O(1) reallocation checks; snapshots leave it out, restore rebuilds it).
+    owner_hashes: dict[int, BlockHash] = attrs.Factory(dict)
     # EA content dedup: last-block hash of chunks stored (bounded, oldest first out)
     # and of chunks selected or in flight (counted).
     stored_keys: dict[int, None] = attrs.Factory(dict)
