@@ -79,7 +79,8 @@ def plan_eviction_aware(
     with_shielded: bool,
     overdue: Iterable[RequestState],
 ) -> Plan:
-    """Plan one drain round over ``(rank, block_id)`` pairs of the window.
+    """Plan one drain round over ``(rank, block_id)`` pairs of the window's
+    buffered blocks (those ``State.owners`` covers), lowest rank first.
 
     ``with_shielded`` adds requests protected at finish; ``overdue`` lists the
     requests past ``max_deferral_seconds`` (``buffer.pop_overdue`` finds them).
@@ -99,7 +100,7 @@ def _due(
     held: dict[str, RequestState] = {}
     owners = state.owners
     for rank, block_id in ranked_blocks:
-        for op in holders(owners.get(block_id)):
+        for op in holders(owners[block_id]):
             rec = op.req
             if rec.batch is not None:
                 held[rec.req_id] = rec

@@ -7,9 +7,11 @@ detection), then plans a drain over the free-queue window the shell read
 (``ea_planner``) within the step's budget (``StepContext``: the drain cap and
 the pin headroom, ``pins.pin_reserve``). A step with nothing due (no overdue
 request, no shield, no buffered block in the window) costs one C-level set
-test. A step without scheduled tokens selects nothing (vLLM discards
-connector metadata built on it); it lifts the shields, because an idle
-engine must not hold pins.
+test; otherwise one pass over the window (and over each cascade re-read)
+keeps only the buffered blocks, and the planner works on those. A step
+without scheduled tokens selects nothing (vLLM discards connector metadata
+built on it); it lifts the shields, because an idle engine must not hold
+pins.
 
 Three rules beat LMCache's EVICTION_AWARE where it loses data:
 
@@ -70,20 +72,19 @@ def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
     state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
     blockindex.apply_reallocations(state, event.reallocated, scope)
     overdue = pop_overdue(state)
-    if not overdue and not state.shielded and state.owners.keys().isdisjoint(
-        event.window_block_ids
-    ):
+    window, owners = event.window_block_ids, state.owners
+    if not overdue and not state.shielded and owners.keys().isdisjoint(window):
         return  # nothing due
     ctx = StepContext(
         ops_left=state.config.max_drain_per_step,
         pin_headroom_blocks=max(0, event.free_blocks - pin_reserve(state, event.reserve_blocks)),
         depth_blocks=state.depth_blocks,
-        window_seen=set(event.window_block_ids),
+        window_seen=set(window),
     )
     state.context = ctx
+    owned = [(rank, b) for rank, b in enumerate(window) if b in owners]
     plan = plan_eviction_aware(
-        state, ctx, enumerate(event.window_block_ids),
-        reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue,
+        state, ctx, owned, reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue
     )
     apply_plan(state, plan, scope)
     _maybe_cascade(state, ctx, plan, scope)
@@ -101,10 +102,10 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
             f"more than the {ctx.depth_blocks} asked for",
         )
     state.awaiting_queue = False
-    fresh = [(rank, b) for rank, b in enumerate(event.window_block_ids)
-             if b not in ctx.window_seen]
-    state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
-    ctx.window_seen.update(b for _, b in fresh)
+    window, owners, seen = event.window_block_ids, state.owners, ctx.window_seen
+    fresh = [(rank, b) for rank, b in enumerate(window) if b in owners and b not in seen]
+    state.counters[Counter.WINDOW_BLOCKS_READ] += len(window)
+    seen.update(window)
     plan = plan_eviction_aware(
         state, ctx, fresh, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
     )
