@@ -74,7 +74,7 @@ def apply_reallocations(
     really changed (all holders share one snapshot)."""
     hashes = state.owner_hashes
     for block_id, hash_now in reallocated:
-        if block_id in hashes and hashes[block_id] != hash_now:
+        if hashes.get(block_id, hash_now) != hash_now:  # indexed, and changed
             lose_holders(state, block_id, scope)
 
 

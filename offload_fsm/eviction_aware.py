@@ -102,12 +102,15 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
             f"more than the {ctx.depth_blocks} asked for",
         )
     state.awaiting_queue = False
-    window, owners, seen = event.window_block_ids, state.owners, ctx.window_seen
-    fresh = [(rank, b) for rank, b in enumerate(window) if b in owners and b not in seen]
+    window = event.window_block_ids
     state.counters[Counter.WINDOW_BLOCKS_READ] += len(window)
-    seen.update(window)
+    # Set operations in C; Python walks the window only if it shows new buffered blocks.
+    fresh = set(window).difference(ctx.window_seen)
+    ctx.window_seen.update(fresh)
+    owned = state.owners.keys() & fresh
+    ranked = [(rank, b) for rank, b in enumerate(window) if b in owned] if owned else []
     plan = plan_eviction_aware(
-        state, ctx, fresh, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
+        state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
     )
     apply_plan(state, plan, scope)
     _maybe_cascade(state, ctx, plan, scope)
