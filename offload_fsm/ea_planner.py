@@ -184,7 +184,7 @@ def _fit(
         dedup.note_pick(state, chosen, claiming, pinning)
         for op in chosen:
             if not op.pinned:
-                window_pinned.update(b for b in op.block_ids if b in ctx.window_seen)
+                window_pinned.update(ctx.window_seen.intersection(op.block_ids))
     return Plan(
         picks=tuple(picks),
         holds=tuple(holds),
@@ -199,5 +199,5 @@ def _queued_blocks(op: Op, window: set[int], pins: dict[int, int]) -> set[int]:
     if op.pinned:
         return set()
     if op.req.phase is Phase.FINISHED:
-        return {b for b in op.block_ids if b not in pins}
-    return {b for b in op.block_ids if b in window and b not in pins}
+        return set(op.block_ids).difference(pins)
+    return window.intersection(op.block_ids).difference(pins)

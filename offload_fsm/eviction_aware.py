@@ -47,7 +47,7 @@ from offload_fsm.ea_planner import danger_depth, next_ema, next_peak, plan_evict
 from offload_fsm.errors import InvalidEvent
 from offload_fsm.events import FreeQueueRead, RequestFinished, StepScheduled
 from offload_fsm.hooks import PolicyHooks, Scope
-from offload_fsm.pins import pin_reserve, protect, release
+from offload_fsm.pins import blocks_of, pin_reserve, protect, release
 from offload_fsm.plan import Plan
 from offload_fsm.state import Op, RequestState, State, StepContext
 
@@ -131,7 +131,7 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
     if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
         return
     ops = [op for op in rec.ops if not op.pinned]
-    block_ids = tuple(b for op in ops for b in op.block_ids)
+    block_ids = blocks_of(ops)
     if not block_ids:
         return
     for op in ops:
