@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import filterfalse
 
 from offload_fsm import blockindex, dedup
 from offload_fsm.buffer import pop_overdue
@@ -104,8 +105,8 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
     state.awaiting_queue = False
     window = event.window_block_ids
     state.counters[Counter.WINDOW_BLOCKS_READ] += len(window)
-    # Set operations in C; Python walks the window only if it shows new buffered blocks.
-    fresh = set(window).difference(ctx.window_seen)
+    # Filtered in C; Python walks the window only if it shows new buffered blocks.
+    fresh = set(filterfalse(ctx.window_seen.__contains__, window))
     ctx.window_seen.update(fresh)
     owned = state.owners.keys() & fresh
     ranked = [(rank, b) for rank, b in enumerate(window) if b in owned] if owned else []
