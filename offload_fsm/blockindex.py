@@ -21,16 +21,7 @@ from offload_fsm.buffer import after_buffer_change, count_drop, maybe_end
 from offload_fsm.decisions import DropCause
 from offload_fsm.hooks import Scope
 from offload_fsm.pins import release_pinned
-from offload_fsm.state import BlockHash, Op, State, holders
-
-
-def derived_hashes(owners: dict[int, Op | dict[int, Op]]) -> dict[int, BlockHash]:
-    """``State.owner_hashes`` rebuilt from ``owners`` (a restored snapshot)."""
-    hashes: dict[int, BlockHash] = {}
-    for block_id, entry in owners.items():
-        first = entry if isinstance(entry, Op) else next(iter(entry.values()))
-        hashes[block_id] = first.block_hashes[first.block_ids.index(block_id)]
-    return hashes
+from offload_fsm.state import Op, State, holders
 
 
 def index(state: State, op: Op, scope: Scope) -> None:
