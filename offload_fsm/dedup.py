@@ -96,6 +96,11 @@ def note_pick(state: State, ops: Sequence[Op], claiming: set[int], pinning: set[
     errs towards storing)."""
     stored = state.stored_keys
     for op in ops:
+        keys = op.chunk_keys
+        if stored.keys().isdisjoint(keys):  # nothing of it stored, the common case: in C
+            claiming.update(keys)
+            pinning.update(op.block_ids)
+            continue
         for key, blocks in chunk_blocks(op):
             if key not in stored:
                 claiming.add(key)
