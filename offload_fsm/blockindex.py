@@ -26,12 +26,6 @@ from offload_fsm.state import Op, State, holders
 
 def index(state: State, op: Op, scope: Scope) -> None:
     owners, hashes = state.owners, state.owner_hashes
-    fresh = dict.fromkeys(op.block_ids, op)
-    if len(fresh) == len(op.block_ids) and owners.keys().isdisjoint(fresh):
-        # Distinct blocks that no buffered op covers yet (the common case): in C.
-        owners.update(fresh)
-        hashes.update(zip(op.block_ids, op.block_hashes, strict=True))
-        return
     for block_id, block_hash in zip(op.block_ids, op.block_hashes, strict=True):
         entry = owners.get(block_id)
         if entry is None:
