@@ -2,9 +2,10 @@
 
 ``State.owners`` maps each block id covered by a buffered op to that op, or
 to a dict by op id when several ops share the block (a prefix-cache hit).
-All holders of a block share its snapshot hash: an op whose snapshot
-disagrees with the indexed one proves the block was reallocated without a
-report, and the earlier holders lost their data (:func:`index`).
+All holders of a block share its snapshot hash, kept beside it in
+``State.owner_hashes`` (same keys): an op whose snapshot disagrees with the
+indexed one proves the block was reallocated without a report, and the
+earlier holders lost their data (:func:`index`).
 
 Incremental loss detection: the shell reports only the watched blocks
 allocated this step, with their hash now; :func:`apply_reallocations`
@@ -20,27 +21,23 @@ from offload_fsm.buffer import after_buffer_change, count_drop, maybe_end
 from offload_fsm.decisions import DropCause
 from offload_fsm.hooks import Scope
 from offload_fsm.pins import release_pinned
-from offload_fsm.state import BlockHash, Op, State, holders
-
-
-def snapshot_hash(entry: Op | dict[int, Op], block_id: int) -> BlockHash:
-    """The hash the holders of ``block_id`` saw when they were offered."""
-    first = entry if isinstance(entry, Op) else next(iter(entry.values()))
-    return first.block_hashes[first.block_ids.index(block_id)]
+from offload_fsm.state import Op, State, holders
 
 
 def index(state: State, op: Op, scope: Scope) -> None:
-    owners = state.owners
-    for position, block_id in enumerate(op.block_ids):
+    owners, hashes = state.owners, state.owner_hashes
+    for block_id, block_hash in zip(op.block_ids, op.block_hashes, strict=True):
         entry = owners.get(block_id)
         if entry is None:
             owners[block_id] = op
+            hashes[block_id] = block_hash
             continue
-        if snapshot_hash(entry, block_id) != op.block_hashes[position]:
+        if hashes[block_id] != block_hash:
             # The block was reallocated without a report (e.g. a prefix-cache
             # reset): its earlier holders' data is gone.
             lose_holders(state, block_id, scope)
             owners[block_id] = op
+            hashes[block_id] = block_hash
         elif isinstance(entry, Op):
             owners[block_id] = {entry.op_id: entry, op.op_id: op}
         else:
@@ -54,6 +51,7 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
             entry = owners.get(block_id)
             if entry is op:
                 del owners[block_id]
+                del state.owner_hashes[block_id]
             elif isinstance(entry, dict) and op.op_id in entry:
                 del entry[op.op_id]
                 if len(entry) == 1:
@@ -65,9 +63,9 @@ def apply_reallocations(
 ) -> None:
     """Only blocks allocated this step are checked, each in O(1) unless it
     really changed (all holders share one snapshot)."""
+    hashes = state.owner_hashes
     for block_id, hash_now in reallocated:
-        entry = state.owners.get(block_id)
-        if entry is not None and snapshot_hash(entry, block_id) != hash_now:
+        if hashes.get(block_id, hash_now) != hash_now:  # indexed, and changed
             lose_holders(state, block_id, scope)
 
 

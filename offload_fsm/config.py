@@ -56,6 +56,10 @@ class Policy(enum.Enum):
     EVICTION_AWARE = "EVICTION_AWARE"
     FIFO = "FIFO"
 
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
+
 
 class ConfigError(ValueError):
     """A lazy-offload key has a value that is not allowed."""

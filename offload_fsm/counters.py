@@ -78,6 +78,10 @@ class Counter(enum.StrEnum):
     SHUTDOWN_LEFT_TOKENS = "shutdown_left_tokens"
     SHUTDOWN_LEFT_REQUESTS = "shutdown_left_requests"
 
+    # Hashed on every counter update: Enum's __hash__ runs in Python and returns
+    # hash(value); str's C hash gives the same value, so names still index.
+    __hash__ = str.__hash__
+
 
 FIRST_LATER_COUNTER: Final = 44  # the members through BLOCKS_CHECKED: the digest's base
 assert list(Counter)[FIRST_LATER_COUNTER - 1] is Counter.BLOCKS_CHECKED

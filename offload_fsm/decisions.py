@@ -33,6 +33,10 @@ class SelectReason(enum.Enum):
     IDLE_FLUSH = "idle_flush"  # idle_flush_steps empty steps in a row (the tail flush)
     SHUTDOWN_FLUSH = "shutdown_flush"  # vLLM began shutting down (shutdown_flush_s)
 
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
+
 
 class DropCause(enum.Enum):
     """Why buffered ops left the buffer without being stored. Each is a ledger term."""
@@ -46,6 +50,10 @@ class DropCause(enum.Enum):
     SHUTDOWN = "shutdown"
     DUPLICATE = "duplicate"  # not a loss: another request's batch holds the same content
 
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
+
 
 class HoldReason(enum.Enum):
     """Why a due request was not selected this step (it stays buffered)."""
@@ -54,6 +62,10 @@ class HoldReason(enum.Enum):
     PIN_BUDGET = "pin_budget"  # pinning would eat the next step's free blocks
     IN_FLIGHT = "in_flight"  # its previous store batch has not completed
     CLAIMED = "claimed"  # its chunks are all in another request's batch in flight (dedup)
+
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
 
 
 class IgnoreReason(enum.Enum):

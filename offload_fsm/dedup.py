@@ -44,6 +44,7 @@ The rules:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 from offload_fsm.buffer import count_drop
@@ -95,6 +96,11 @@ def note_pick(state: State, ops: Sequence[Op], claiming: set[int], pinning: set[
     errs towards storing)."""
     stored = state.stored_keys
     for op in ops:
+        keys = op.chunk_keys
+        if stored.keys().isdisjoint(keys):  # nothing of it stored, the common case: in C
+            claiming.update(keys)
+            pinning.update(op.block_ids)
+            continue
         for key, blocks in chunk_blocks(op):
             if key not in stored:
                 claiming.add(key)
@@ -161,10 +167,23 @@ def remember(state: State, key: int) -> None:
     """Add a stored chunk key, forgetting the oldest beyond the bound."""
     state.stored_keys[key] = None
     state.stored_keys_xor ^= key
+    state.stored_order.append(key)
     if len(state.stored_keys) > STORED_KEYS_MAX:
-        oldest = next(iter(state.stored_keys))
+        oldest = _pop_oldest(state)
         del state.stored_keys[oldest]
         state.stored_keys_xor ^= oldest
+
+
+def _pop_oldest(state: State) -> int:
+    """Take the first key of ``stored_keys`` off ``stored_order``. A key's stale
+    entries (one per forget) all come before its live one, so the first
+    ``stored_stale[key]`` entries of a key met from the left are the stale ones."""
+    order, stale = state.stored_order, state.stored_stale
+    while True:
+        key = order.popleft()
+        if key not in stale:
+            return key
+        decref(stale, key)
 
 
 def on_chunks_missing(state: State, event: ChunksMissing, scope: Scope) -> None:
@@ -179,6 +198,12 @@ def on_chunks_missing(state: State, event: ChunksMissing, scope: Scope) -> None:
             del stored[key]
             state.stored_keys_xor ^= key
             forgotten.append(key)
+    stale = state.stored_stale
+    for key in forgotten:
+        stale[key] = stale.get(key, 0) + 1
+    if len(state.stored_order) > 2 * STORED_KEYS_MAX:  # stale entries piled up: compact
+        state.stored_order = deque(stored)
+        stale.clear()
     if forgotten:
         state.counters[Counter.FORGOTTEN_CHUNKS] += len(forgotten)
         scope.decisions.append(

@@ -47,7 +47,7 @@ from offload_fsm.errors import InvalidEvent
 from offload_fsm.events import HashesRead, ReceiptsArrived, StepScheduled
 from offload_fsm.hooks import Scope
 from offload_fsm.legality import move
-from offload_fsm.pins import protect, release
+from offload_fsm.pins import blocks_of, protect, release
 from offload_fsm.plan import Plan, ema_update
 from offload_fsm.state import Batch, BatchStatus, Op, OpStatus, RequestState, State
 
@@ -135,7 +135,7 @@ def select(
     extra = SELECTED_BY.get(reason)
     if extra is not None:
         state.counters[extra] += len(ops)
-    to_protect = tuple(b for op in ops if not op.pinned for b in op.block_ids)
+    to_protect = blocks_of(op for op in ops if not op.pinned)
     for op in ops:
         op.pinned = True
     if to_protect:
@@ -146,7 +146,7 @@ def select(
                     ops=len(ops), reason=reason, rank=rank)
     )
     scope.commands.append(
-        ReadHashes(batch_id=batch.batch_id, block_ids=tuple(b for op in ops for b in op.block_ids))
+        ReadHashes(batch_id=batch.batch_id, block_ids=blocks_of(ops))
     )
     state.awaiting_hashes[batch.batch_id] = None
     after_buffer_change(state, rec)
@@ -203,7 +203,7 @@ def _submit(state: State, batch: Batch, scope: Scope) -> None:
     rec = batch.req
     batch.status = BatchStatus.IN_FLIGHT
     move(batch.ops, OpStatus.IN_FLIGHT)
-    block_ids = tuple(b for op in batch.ops for b in op.block_ids)
+    block_ids = blocks_of(batch.ops)
     tokens = sum(op.tokens for op in batch.ops)
     state.counters[Counter.SUBMITTED_OPS] += len(batch.ops)
     state.counters[Counter.SUBMITTED_TOKENS] += tokens

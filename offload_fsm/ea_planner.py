@@ -79,7 +79,8 @@ def plan_eviction_aware(
     with_shielded: bool,
     overdue: Iterable[RequestState],
 ) -> Plan:
-    """Plan one drain round over ``(rank, block_id)`` pairs of the window.
+    """Plan one drain round over ``(rank, block_id)`` pairs of the window's
+    buffered blocks (those ``State.owners`` covers), lowest rank first.
 
     ``with_shielded`` adds requests protected at finish; ``overdue`` lists the
     requests past ``max_deferral_seconds`` (``buffer.pop_overdue`` finds them).
@@ -99,7 +100,7 @@ def _due(
     held: dict[str, RequestState] = {}
     owners = state.owners
     for rank, block_id in ranked_blocks:
-        for op in holders(owners.get(block_id)):
+        for op in holders(owners[block_id]):
             rec = op.req
             if rec.batch is not None:
                 held[rec.req_id] = rec
@@ -183,7 +184,7 @@ def _fit(
         dedup.note_pick(state, chosen, claiming, pinning)
         for op in chosen:
             if not op.pinned:
-                window_pinned.update(b for b in op.block_ids if b in ctx.window_seen)
+                window_pinned.update(ctx.window_seen.intersection(op.block_ids))
     return Plan(
         picks=tuple(picks),
         holds=tuple(holds),
@@ -198,5 +199,5 @@ def _queued_blocks(op: Op, window: set[int], pins: dict[int, int]) -> set[int]:
     if op.pinned:
         return set()
     if op.req.phase is Phase.FINISHED:
-        return {b for b in op.block_ids if b not in pins}
-    return {b for b in op.block_ids if b in window and b not in pins}
+        return set(op.block_ids).difference(pins)
+    return window.intersection(op.block_ids).difference(pins)

@@ -7,11 +7,13 @@ detection), then plans a drain over the free-queue window the shell read
 (``ea_planner``) within the step's budget (``StepContext``: the drain cap and
 the pin headroom, ``pins.pin_reserve``). A step with nothing due (no overdue
 request, no shield, no buffered block in the window) costs one C-level set
-test. A step without scheduled tokens selects nothing (the spec evaluates
-drains on token steps only; LMCache's manager says vLLM discards such a
-step's metadata, but vLLM 0.32's workers do execute it, see ``tail``,
-which uses that when a tail flush is configured); it lifts the shields,
-because an idle engine must not hold pins.
+test; otherwise one pass over the window (and over each cascade re-read)
+keeps only the buffered blocks, and the planner works on those. A step
+without scheduled tokens selects nothing (the spec evaluates drains on token
+steps only; LMCache's manager says vLLM discards such a step's metadata, but
+vLLM 0.32's workers do execute it, see ``tail``, which uses that when a tail
+flush is configured); it lifts the shields, because an idle engine must not
+hold pins.
 
 Three rules beat LMCache's EVICTION_AWARE where it loses data:
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import filterfalse
 
 from offload_fsm import blockindex, dedup
 from offload_fsm.buffer import pop_overdue
@@ -47,7 +50,7 @@ from offload_fsm.ea_planner import danger_depth, next_ema, next_peak, plan_evict
 from offload_fsm.errors import InvalidEvent
 from offload_fsm.events import FreeQueueRead, RequestFinished, StepScheduled
 from offload_fsm.hooks import PolicyHooks, Scope
-from offload_fsm.pins import pin_reserve, protect, release
+from offload_fsm.pins import blocks_of, pin_reserve, protect, release
 from offload_fsm.plan import Plan
 from offload_fsm.state import Op, RequestState, State, StepContext
 
@@ -72,20 +75,19 @@ def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
     state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
     blockindex.apply_reallocations(state, event.reallocated, scope)
     overdue = pop_overdue(state)
-    if not overdue and not state.shielded and state.owners.keys().isdisjoint(
-        event.window_block_ids
-    ):
+    window, owners = event.window_block_ids, state.owners
+    if not overdue and not state.shielded and owners.keys().isdisjoint(window):
         return  # nothing due
     ctx = StepContext(
         ops_left=state.config.max_drain_per_step,
         pin_headroom_blocks=max(0, event.free_blocks - pin_reserve(state, event.reserve_blocks)),
         depth_blocks=state.depth_blocks,
-        window_seen=set(event.window_block_ids),
+        window_seen=set(window),
     )
     state.context = ctx
+    owned = [(rank, b) for rank, b in enumerate(window) if b in owners]
     plan = plan_eviction_aware(
-        state, ctx, enumerate(event.window_block_ids),
-        reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue,
+        state, ctx, owned, reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue
     )
     apply_plan(state, plan, scope)
     _maybe_cascade(state, ctx, plan, scope)
@@ -103,12 +105,15 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
             f"more than the {ctx.depth_blocks} asked for",
         )
     state.awaiting_queue = False
-    fresh = [(rank, b) for rank, b in enumerate(event.window_block_ids)
-             if b not in ctx.window_seen]
-    state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
-    ctx.window_seen.update(b for _, b in fresh)
+    window = event.window_block_ids
+    state.counters[Counter.WINDOW_BLOCKS_READ] += len(window)
+    # Filtered in C; Python walks the window only if it shows new buffered blocks.
+    fresh = set(filterfalse(ctx.window_seen.__contains__, window))
+    ctx.window_seen.update(fresh)
+    owned = state.owners.keys() & fresh
+    ranked = [(rank, b) for rank, b in enumerate(window) if b in owned] if owned else []
     plan = plan_eviction_aware(
-        state, ctx, fresh, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
+        state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
     )
     apply_plan(state, plan, scope)
     _maybe_cascade(state, ctx, plan, scope)
@@ -129,7 +134,7 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
     if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
         return
     ops = [op for op in rec.ops if not op.pinned]
-    block_ids = tuple(b for op in ops for b in op.block_ids)
+    block_ids = blocks_of(ops)
     if not block_ids:
         return
     for op in ops:

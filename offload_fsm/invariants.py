@@ -21,7 +21,7 @@ The invariants:
 * ``verified_before_submit``: every in-flight op passed its hash check (the
   check itself is the ``HashesRead`` handler; submitted ops carry no other
   path into ``IN_FLIGHT``).
-* ``indexes_agree``: the pending/ready/shielded/owner indexes match the
+* ``indexes_agree``: the pending/ready/shielded/owner (and owner hash) indexes match the
   buffers.
 * ``statuses_agree``: every op's status matches its container (buffered ops
   BUFFERED, a batch's ops its batch's status).
@@ -34,7 +34,7 @@ from typing import Final
 
 from offload_fsm.config import Policy
 from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
-from offload_fsm.state import BatchStatus, OpStatus, Phase, State, holders
+from offload_fsm.state import BatchStatus, OpStatus, Phase, State, holders, owner_hashes_of
 
 # unit -> (admitted, {settled term: counter}, {drop cause: counter})
 _UNITS: Final = {
@@ -181,6 +181,16 @@ def indexes_agree(state: State) -> list[str]:
         indexed = {b: sorted(op.op_id for op in holders(e)) for b, e in state.owners.items()}
         if {b: sorted(v) for b, v in owners.items()} != indexed:
             problems.append("block owner index disagrees with the buffers")
+        if state.owner_hashes != owner_hashes_of(state.owners):
+            problems.append("owner hash index disagrees with the owners' snapshots")
+        stale, live = dict(state.stored_stale), []
+        for key in state.stored_order:
+            if stale.get(key):
+                stale[key] -= 1
+            else:
+                live.append(key)
+        if live != list(state.stored_keys) or any(stale.values()):
+            problems.append("stored-key order disagrees with the stored keys")
         claimed: Tally[int] = Tally(
             key for batch in state.batches.values() for op in batch.ops for key in op.chunk_keys
         )

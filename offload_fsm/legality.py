@@ -50,11 +50,19 @@ class MachinePhase(enum.Enum):
     AWAITING_ANSWERS = "awaiting_answers"  # a step asked for answers
     CLOSED = "closed"  # shut down or poisoned
 
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
+
 
 class RequestPhase(enum.Enum):
     UNKNOWN = "unknown"  # never arrived, or ended and forgotten
     ACTIVE = "active"
     FINISHED = "finished"  # finished, teardown deferred behind buffered or in-flight ops
+
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
 
 
 MACHINE_LEGAL: Final[dict[MachinePhase, frozenset[type]]] = {

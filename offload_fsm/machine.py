@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -106,6 +106,9 @@ __all__ = ["Outcome", "drive", "has_in_flight", "keeps_stepping", "step", "watch
 class Outcome:
     decisions: tuple[Decision, ...]
     commands: tuple[Command, ...]
+
+
+NO_OUTCOME: Final = Outcome(decisions=(), commands=())  # frozen, so one instance serves all
 
 
 _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
@@ -145,6 +148,8 @@ def step(state: State, event: Event) -> Outcome:
         reason = _describe(error, event)
         state.poisoned = reason
         raise CoreFault(reason, event) from error
+    if not scope.decisions and not scope.commands:
+        return NO_OUTCOME
     return Outcome(decisions=tuple(scope.decisions), commands=tuple(scope.commands))
 
 

@@ -13,7 +13,8 @@ belong to no batch (shields, and releases of buffered ops).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import chain
 from typing import TypeVar
 
 from offload_fsm.commands import ProtectBlocks, ReleaseBlocks
@@ -35,6 +36,11 @@ def decref(counts: dict[K, int], key: K) -> None:
         del counts[key]
 
 
+def blocks_of(ops: Iterable[Op]) -> tuple[int, ...]:
+    """The block ids of ``ops``, in order (joined in C, not block by block)."""
+    return tuple(chain.from_iterable(op.block_ids for op in ops))
+
+
 def protect(state: State, batch_id: int, block_ids: tuple[int, ...], scope: Scope) -> None:
     pins = state.pins
     for block_id in block_ids:
@@ -45,7 +51,7 @@ def protect(state: State, batch_id: int, block_ids: tuple[int, ...], scope: Scop
 
 def release(state: State, batch_id: int, ops: Sequence[Op], scope: Scope) -> None:
     """Release the blocks of the pinned ones among ``ops``."""
-    block_ids = tuple(b for op in ops if op.pinned for b in op.block_ids)
+    block_ids = blocks_of(op for op in ops if op.pinned)
     for op in ops:
         op.pinned = False
     unpin(state, batch_id, block_ids, scope)
@@ -61,8 +67,12 @@ def unpin(state: State, batch_id: int, block_ids: tuple[int, ...], scope: Scope)
     if not block_ids:
         return
     pins = state.pins
-    for block_id in block_ids:
-        decref(pins, block_id)
+    for block_id in block_ids:  # decref, inlined: this loop runs for every released block
+        left = pins[block_id] - 1
+        if left:
+            pins[block_id] = left
+        else:
+            del pins[block_id]
     state.counters[Counter.RELEASED_BLOCKS] += len(block_ids)
     scope.commands.append(ReleaseBlocks(batch_id=batch_id, block_ids=block_ids))
 

@@ -34,7 +34,7 @@ there; decoding allocates every table entry first and fills the fields
 after, so the rebuilt graph has the same sharing as the original. Other
 attrs classes (``StepContext``) are owned by one field and encoded inline.
 ``config`` is not encoded: the file header carries it, and ``from_wire``
-takes it.
+takes it; nor are ``state.DERIVED``, which ``from_wire`` rebuilds.
 
 Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
 ``names`` is ``((class name, (field, ...)), ...)`` and each table is a
@@ -54,7 +54,7 @@ import attrs
 
 from offload_fsm.config import OffloadConfig
 from offload_fsm.errors import LogCorrupt
-from offload_fsm.state import Batch, Op, RequestState, State, StepContext
+from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, StepContext, rederive
 
 __all__ = ["SNAPSHOT_FORMAT", "from_wire", "to_wire"]
 
@@ -63,7 +63,7 @@ SNAPSHOT_FORMAT: Final = 1
 
 _SHARED: Final[tuple[type[Any], ...]] = (RequestState, Op, Batch)
 _INLINE: Final[tuple[type[Any], ...]] = (StepContext,)
-_SKIPPED: Final = {State: frozenset({"config"})}
+_SKIPPED: Final = {State: frozenset({"config"}) | DERIVED}
 
 Encode = Callable[[Any, "_Encoding"], Any]
 Decode = Callable[[Any, "_Decoding"], Any]
@@ -393,4 +393,5 @@ def _from_wire(data: Any, config: OffloadConfig) -> State:
     state: State = object.__new__(State)
     object.__setattr__(state, "config", config)
     _RECORDS[State].fill(state, body, recorded["State"], decoding)
+    rederive(state)
     return state

@@ -13,6 +13,7 @@ raw set is iterated where order can reach a decision.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from typing import Final
 
 import attrs
@@ -40,6 +41,10 @@ class OpStatus(enum.Enum):
     FAILED = "failed"
     DROPPED = "dropped"
     ABANDONED = "abandoned"  # in flight at shutdown
+
+    # Keys hot tables: Enum's __hash__ runs in Python; members are singletons,
+    # so the C identity hash is equivalent (and much faster).
+    __hash__ = object.__hash__
 
 
 class BatchStatus(enum.Enum):
@@ -150,10 +155,19 @@ class State:
     # EA: block id -> the buffered op(s) covering it (one op, or a dict by op id when
     # shared). All holders of a block share its snapshot hash (see blockindex.index).
     owners: dict[int, Op | dict[int, Op]] = attrs.Factory(dict)
+    # EA: block id -> the snapshot hash its holders share (derived from ``owners``
+    # for O(1) reallocation checks).
+    owner_hashes: dict[int, BlockHash] = attrs.Factory(dict)
     # EA content dedup: last-block hash of chunks stored (bounded, oldest first out)
     # and of chunks selected or in flight (counted).
     stored_keys: dict[int, None] = attrs.Factory(dict)
     stored_keys_xor: int = 0  # running fingerprint of stored_keys, for the digest
+    # Derived from stored_keys: the keys in the order remembered, with one stale
+    # entry per key forgotten since (counted in stored_stale), so the oldest is found
+    # from the left in O(1) amortised (``next(iter(stored_keys))`` costs O(keys
+    # deleted from the dict's front) in CPython: ~0.2 ms a store at the bound).
+    stored_order: deque[int] = attrs.Factory(deque)
+    stored_stale: dict[int, int] = attrs.Factory(dict)
     claimed_keys: dict[int, int] = attrs.Factory(dict)
     deadlines: list[tuple[float, int, str, int]] = attrs.Factory(list)  # heap
     batches: dict[int, Batch] = attrs.Factory(dict)
@@ -170,6 +184,27 @@ class State:
     flushed_in_step: int = 0
     shutdown_until_s: float | None = None
     counters: dict[Counter, int] = attrs.Factory(new_counters)
+
+
+# Indexes kept beside the fields they mirror, for speed: snapshots leave them out
+# and :func:`rederive` makes them again on restore.
+DERIVED: Final = frozenset({"owner_hashes", "stored_order", "stored_stale"})
+
+
+def owner_hashes_of(owners: dict[int, Op | dict[int, Op]]) -> dict[int, BlockHash]:
+    """``State.owner_hashes`` as ``owners`` implies it."""
+    hashes: dict[int, BlockHash] = {}
+    for block_id, entry in owners.items():
+        first = entry if isinstance(entry, Op) else next(iter(entry.values()))
+        hashes[block_id] = first.block_hashes[first.block_ids.index(block_id)]
+    return hashes
+
+
+def rederive(state: State) -> None:
+    """Set the :data:`DERIVED` fields from the fields they mirror."""
+    state.owner_hashes = owner_hashes_of(state.owners)
+    state.stored_order = deque(state.stored_keys)
+    state.stored_stale = {}
 
 
 def new_state(config: OffloadConfig, *, world_size: int) -> State:

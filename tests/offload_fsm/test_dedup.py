@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 import operator
+import random
 
 import pytest
 
-from offload_fsm import InvalidEvent
+from offload_fsm import InvalidEvent, dedup
 from offload_fsm.commands import ProtectBlocks, SubmitStore
 from offload_fsm.decisions import (
     DropCause,
@@ -23,7 +24,7 @@ from offload_fsm.decisions import (
     StoredChunksForgotten,
 )
 from offload_fsm.events import CandidateOffered, ChunksMissing
-from offload_fsm.invariants import ledger_terms
+from offload_fsm.invariants import indexes_agree, ledger_terms
 from tests.offload_fsm.helpers import Harness, Result, ea, fifo
 
 H1, H2, H3 = 101, 102, 103  # block contents; H1 is a shared first chunk
@@ -207,3 +208,32 @@ def test_an_empty_missing_chunks_report_is_invalid() -> None:
     h = Harness(ea(), check=False)
     with pytest.raises(InvalidEvent, match="names no chunk"):
         h.feed(ChunksMissing(chunk_keys=()))
+
+
+# -- the bounded memory -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bounded_memory_forgets_oldest_first_like_dict_order(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``remember`` beyond the bound drops ``next(iter(stored_keys))``, found
+    through ``stored_order`` (O(1)) even when forgotten keys come back: checked
+    against the plain dict rule over random remember/forget runs."""
+    monkeypatch.setattr(dedup, "STORED_KEYS_MAX", 8)
+    rng = random.Random(seed)
+    h = Harness(ea())
+    reference: dict[int, None] = {}
+    for _ in range(400):
+        key = rng.randrange(1, 30)
+        if rng.random() < 0.3:
+            h.feed(ChunksMissing(chunk_keys=(key,)))
+            reference.pop(key, None)
+        elif key not in reference:
+            dedup.remember(h.state, key)
+            reference[key] = None
+            if len(reference) > 8:
+                del reference[next(iter(reference))]
+        assert list(h.state.stored_keys) == list(reference)
+        assert h.state.stored_keys_xor == functools.reduce(operator.xor, reference, 0)
+        assert indexes_agree(h.state) == []

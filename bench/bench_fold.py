@@ -1,0 +1,78 @@
+"""What the core's ``step`` costs per event on a recorded log (not a timed test).
+
+    .venv/bin/python -m bench.bench_fold LOG [--prefix RUN] [--repeat 5]
+
+Decodes the run once (``replay.reader``), then folds every event through
+``offload_fsm.machine.step`` from a fresh state ``--repeat`` times and keeps
+the fastest pass, timed with the process CPU clock (a shared, loaded box
+stretches wall time, not this much). Decoding, outcome checks and digests
+are left out: this is the fold alone, the part ``replay verify`` and the
+connector's scheduler thread both pay. Prints scheduler steps per second
+and, from one more pass that times each event, per event type the count,
+the total and the mean microseconds.
+Compare two trees on one log side by side (run each from its checkout).
+A log to use: the ``ours EA`` arm of ``python -m bench.simulate`` (its
+``event_log_dir`` is printed first) or ``bench.bench_longrun --keep DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter, defaultdict
+
+from offload_fsm.events import Event, StepScheduled
+from offload_fsm.logformat import Header, Inputs
+from offload_fsm.machine import step
+from offload_fsm.state import State, new_state
+from replay.reader import Entry, read_log
+from replay.runner import config_of
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="a log file or directory")
+    parser.add_argument("--prefix", default=None, help="the run's file prefix in a directory")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    header: Header | None = None
+    events: list[Event] = []
+    for entry in read_log(args.log, args.prefix):
+        if not isinstance(entry, Entry):
+            continue
+        if isinstance(entry.record, Header) and header is None:
+            header = entry.record
+        elif isinstance(entry.record, Inputs):
+            events.extend(entry.record.events)
+    if header is None:
+        parser.error(f"{args.log}: no header record")
+    def fresh() -> State:
+        assert header is not None
+        return new_state(config_of(header), world_size=header.world_size)
+
+    best_s = float("inf")
+    for _ in range(args.repeat):
+        state = fresh()
+        started = time.process_time()
+        for event in events:
+            step(state, event)
+        best_s = min(best_s, time.process_time() - started)
+    by_type: defaultdict[str, float] = defaultdict(float)  # one more pass, each event timed
+    state, clock = fresh(), time.process_time
+    for event in events:
+        started = clock()
+        step(state, event)
+        by_type[type(event).__name__] += clock() - started
+    counts = Counter(type(event).__name__ for event in events)
+    steps = counts[StepScheduled.__name__]
+    print(f"{args.log}: {len(events):,} events, {steps:,} steps; fold {best_s * 1e3:.0f} ms "
+          f"(best of {args.repeat}) = {steps / best_s:,.0f} steps/s, "
+          f"{best_s / max(steps, 1) * 1e6:.1f} us per step")
+    for name, spent_s in sorted(by_type.items(), key=lambda item: -item[1]):
+        print(f"  {name:18s} {counts[name]:8,d} events {spent_s * 1e3:8.1f} ms "
+              f"{spent_s / counts[name] * 1e6:8.1f} us each")
+
+
+if __name__ == "__main__":
+    main()
