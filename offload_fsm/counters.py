@@ -68,6 +68,8 @@ class Counter(enum.StrEnum):
     ABANDONED_BATCHES = "abandoned_batches"  # receipt lease expired
     HELD_CLAIMED = "held_claimed"  # dedup: waited for another request's batch to settle
     FORGOTTEN_CHUNKS = "forgotten_chunks"  # stored chunks a lookup showed missing
+    SPLIT_OPS = "split_ops"  # ops cut at a chunk boundary (each rest is also admitted)
+    SPLIT_TOKENS = "split_tokens"  # tokens left behind the cut, buffered as the rest
 
     # Hashed on every counter update: Enum's __hash__ runs in Python and returns
     # hash(value); str's C hash gives the same value, so names still index.

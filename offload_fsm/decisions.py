@@ -66,6 +66,13 @@ class HoldReason(enum.Enum):
     __hash__ = object.__hash__
 
 
+class SplitReason(enum.Enum):
+    """Why a buffered op was cut at a chunk boundary (``split``)."""
+
+    PIN_BUDGET = "pin_budget"  # its queued blocks exceed the plan's pin headroom
+    SHIELD = "shield"  # at finish, protecting all of it would take the running requests' reserve
+
+
 class IgnoreReason(enum.Enum):
     UNKNOWN_REQUEST = "unknown_request"  # no in-flight batch for that id
     EXCESS_COUNT = "excess_count"  # more receipts than workers
@@ -219,6 +226,22 @@ class StoredChunksForgotten:
     reported: int
 
 
+@attrs.frozen(kw_only=True)
+class OpSplit:
+    """A buffered op ``[start_token, end_token)`` was cut at ``split_token``, a
+    chunk boundary: its first ``front_blocks`` blocks fit where the whole op
+    did not (the pin headroom or the shield's), so they are protected now;
+    ``[split_token, end_token)`` stays buffered as a new op behind them."""
+
+    TAG: ClassVar[int] = 112
+    req_id: str
+    start_token: int
+    split_token: int
+    end_token: int
+    front_blocks: int
+    reason: SplitReason
+
+
 Decision = (
     OpRejected
     | OpsSelected
@@ -232,6 +255,7 @@ Decision = (
     | ShieldLifted
     | StoreAbandoned
     | StoredChunksForgotten
+    | OpSplit
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -247,4 +271,5 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     ShieldLifted,
     StoreAbandoned,
     StoredChunksForgotten,
+    OpSplit,
 )

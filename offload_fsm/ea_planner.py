@@ -24,6 +24,8 @@ LMCache G3 semantics, plus two rules of ours:
   queued when it is in the window or belongs to a finished request
   (conservative for shared prefix blocks), and is not protected already;
   each distinct block is charged once per plan, however many picks share it.
+  An op that does not fit whole is cut to its longest chunk-aligned prefix
+  that does (``split``: chunk-granularity selection, ``OpSplit``).
 * Ours: content dedup may hold a due request whose whole selection another
   batch is storing, when waiting cannot lose it (``dedup``,
   ``HoldReason.CLAIMED``).
@@ -37,6 +39,7 @@ from collections.abc import Iterable
 from offload_fsm import dedup
 from offload_fsm.decisions import HoldReason, SelectReason
 from offload_fsm.plan import Hold, Pick, Plan, ema_update
+from offload_fsm.split import fitting_prefix
 from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
 
 DEPTH_CUTOFF = 0.5
@@ -162,11 +165,15 @@ def _fit(
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.DRAIN_CAP))
             continue
         segment = segment[:ops_left]
-        count = 0
+        count = cut = 0
         taking: set[int] = set()
         for op in segment:
             more = _queued_blocks(op, ctx.window_seen, state.pins) - charged - taking
             if len(taking) + len(more) > headroom:
+                cut, more = fitting_prefix(op, more, headroom - len(taking))
+                if cut:
+                    taking |= more
+                    count += 1
                 break
             taking |= more
             count += 1
@@ -177,14 +184,15 @@ def _fit(
         if dedup.waits_for_claimant(state, chosen, claiming, pinning):
             holds.append(Hold(rec=rec, ops=count, reason=HoldReason.CLAIMED))
             continue
-        picks.append(Pick(rec=rec, count=count, reason=why, rank=rank))
+        picks.append(Pick(rec=rec, count=count, reason=why, rank=rank, split_blocks=cut))
         ops_left -= count
         headroom -= len(taking)
         charged |= taking
         dedup.note_pick(state, chosen, claiming, pinning)
         for op in chosen:
             if not op.pinned:
-                window_pinned.update(ctx.window_seen.intersection(op.block_ids))
+                blocks = op.block_ids[:cut] if cut and op is chosen[-1] else op.block_ids
+                window_pinned.update(ctx.window_seen.intersection(blocks))
     return Plan(
         picks=tuple(picks),
         holds=tuple(holds),

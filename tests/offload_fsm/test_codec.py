@@ -24,6 +24,7 @@ from offload_fsm.decisions import (
     IgnoreReason,
     RejectReason,
     SelectReason,
+    SplitReason,
 )
 from offload_fsm.errors import UnknownTag
 from offload_fsm.events import EVENT_TYPES
@@ -63,6 +64,8 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
     110: ("StoreAbandoned", ("req_id", "batch_id", "ops", "tokens", "receipts", "waited_s")),
     111: ("StoredChunksForgotten", ("chunk_keys", "reported")),
+    112: ("OpSplit",
+          ("req_id", "start_token", "split_token", "end_token", "front_blocks", "reason")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),
     201: ("ReadHashes", ("batch_id", "block_ids")),
     202: ("SubmitStore", ("batch_id", "req_id", "start_token", "end_token", "block_ids")),
@@ -78,6 +81,7 @@ ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
                 "shutdown", "duplicate"),
     HoldReason: ("drain_cap", "pin_budget", "in_flight", "claimed"),
     IgnoreReason: ("unknown_request", "excess_count", "lease_expired"),
+    SplitReason: ("pin_budget", "shield"),
 }
 
 
@@ -169,7 +173,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 12, 99, 112, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 12, 99, 113, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:
