@@ -5,8 +5,11 @@ the request's token list, cache salt and request configs (from its latest
 metadata) and each KV group's block ids. :class:`StoreBuilder` keeps these
 per request and per op start, builds one coalesced STORE for a
 ``SubmitStore`` (the core may have trimmed already-stored leading chunks off
-the first op), and forgets them when the core drops, rejects or ends them.
-Its memory is bounded by what the core buffers.
+the first op, or cut the last one at a chunk boundary, ``OpSplit``: the
+rest is kept under its own start), and forgets them when the core drops,
+rejects or ends them. Its memory is bounded by what the core buffers (a
+rest the core dropped before its front was stored stays until the request
+ends).
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ class StoreBuilder:
             end, group_block_ids = ops.pop(end)
             for into, group in zip(merged, group_block_ids, strict=True):
                 into.extend(group)
+        if end > command.end_token:  # the core cut the last op (OpSplit): keep its rest
+            tokens = command.end_token - command.start_token
+            cuts = [tokens // tpb if tpb > 0 else None for tpb in self._group_tokens_per_block]
+            ops[command.end_token] = (end, [list(group[cut:]) if cut is not None else group
+                                            for group, cut in zip(merged, cuts, strict=True)])
+            merged = [group[:cut] if cut is not None else group
+                      for group, cut in zip(merged, cuts, strict=True)]
         return LMCacheMPRequestMetadata(
             request_id=command.req_id,
             direction="STORE",

@@ -24,8 +24,12 @@ LMCache G3 semantics, plus two rules of ours:
   queued when it is in the window or belongs to a finished request
   (conservative for shared prefix blocks), and is not protected already;
   each distinct block is charged once per plan, however many picks share it.
-  An op that does not fit whole is cut to its longest chunk-aligned prefix
-  that does (``split``: chunk-granularity selection, ``OpSplit``).
+  Chunk granularity (``split``): the headroom the whole picks leave goes, in
+  the same order, to the requests held whose first op does not fit whole:
+  each gets that op's longest chunk-aligned prefix that fits (``OpSplit``).
+  Whole ops first, across the step's cascade rounds too (cuts wait for the
+  round after which no re-read follows), so a cut never takes headroom a
+  whole op would have used.
 * Ours: content dedup may hold a due request whose whole selection another
   batch is storing, when waiting cannot lose it (``dedup``,
   ``HoldReason.CLAIMED``).
@@ -159,40 +163,56 @@ def _fit(
     claiming: set[int] = set()  # content keys this plan's picks claim (dedup)
     pinning: set[int] = set()  # blocks of those claims
     window_pinned: set[int] = set()
-    for rank, _order, rec, due_end, why in candidates:
+    cuttable: list[tuple[Candidate, Hold]] = []  # held whole for the pin budget
+    for candidate in candidates:
+        rank, _order, rec, due_end, why = candidate
         segment = [op for op in rec.ops if op.end_token <= due_end]
         if ops_left <= 0:
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.DRAIN_CAP))
             continue
         segment = segment[:ops_left]
-        count = cut = 0
+        count = 0
         taking: set[int] = set()
         for op in segment:
             more = _queued_blocks(op, ctx.window_seen, state.pins) - charged - taking
             if len(taking) + len(more) > headroom:
-                cut, more = fitting_prefix(op, more, headroom - len(taking))
-                if cut:
-                    taking |= more
-                    count += 1
                 break
             taking |= more
             count += 1
         if count == 0:
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.PIN_BUDGET))
+            cuttable.append((candidate, holds[-1]))
             continue
         chosen = segment[:count]
         if dedup.waits_for_claimant(state, chosen, claiming, pinning):
             holds.append(Hold(rec=rec, ops=count, reason=HoldReason.CLAIMED))
             continue
-        picks.append(Pick(rec=rec, count=count, reason=why, rank=rank, split_blocks=cut))
+        picks.append(Pick(rec=rec, count=count, reason=why, rank=rank))
         ops_left -= count
         headroom -= len(taking)
         charged |= taking
         dedup.note_pick(state, chosen, claiming, pinning)
         for op in chosen:
             if not op.pinned:
-                blocks = op.block_ids[:cut] if cut and op is chosen[-1] else op.block_ids
-                window_pinned.update(ctx.window_seen.intersection(blocks))
+                window_pinned.update(ctx.window_seen.intersection(op.block_ids))
+    if window_pinned and ctx.depth_blocks:
+        cuttable = []  # a cascade round follows: its whole ops come before any cut
+    for (rank, _order, rec, _end, why), hold in cuttable:
+        if ops_left <= 0 or headroom <= 0:
+            break
+        op = rec.ops[0]
+        cut, taking = fitting_prefix(
+            op, _queued_blocks(op, ctx.window_seen, state.pins) - charged, headroom)
+        if not cut or dedup.waits_for_claimant(state, [op], claiming, pinning):
+            continue
+        holds.remove(hold)
+        picks.append(Pick(rec=rec, count=1, reason=why, rank=rank, split_blocks=cut))
+        ops_left -= 1
+        headroom -= len(taking)
+        charged |= taking
+        dedup.note_pick(state, [op], claiming, pinning)
+        if not op.pinned:
+            window_pinned.update(ctx.window_seen.intersection(op.block_ids[:cut]))
     return Plan(
         picks=tuple(picks),
         holds=tuple(holds),

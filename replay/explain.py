@@ -28,6 +28,7 @@ from offload_fsm.decisions import (
     OpsHeld,
     OpsSelected,
     OpsShielded,
+    OpSplit,
     ReceiptIgnored,
     StoreSettled,
     StoreSubmitted,
@@ -300,6 +301,9 @@ class ExplainObserver:
             self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
                       f"protected at finish: free queue {decision.free_blocks} < reach of "
                       f"the next step {decision.reach_blocks})", ops)
+        elif kind is OpSplit:
+            assert isinstance(decision, OpSplit)
+            self._on_split(seq, decision, state)
         elif kind is BatchOrphaned:
             assert isinstance(decision, BatchOrphaned)
             self._say(seq, state, f"batch {decision.batch_id} orphaned (detached from the "
@@ -310,6 +314,26 @@ class ExplainObserver:
                       f"{decision.failed}): {decision.reason.value}")
 
     # -- output -------------------------------------------------------------
+
+    def _on_split(self, seq: int, decision: OpSplit, state: State) -> None:
+        """Cut the op's story where the core cut the op: the rest is a story of
+        its own from here on (same buffering, its own fate)."""
+        cut, split = decision.front_blocks, decision.split_token
+        why = {"pin_budget": "the pin headroom", "shield": "the shield's headroom"}[
+            decision.reason.value]
+        stories = [op for op in self._live(decision.start_token, split, ("buffered",))
+                   if op.end_token == decision.end_token]
+        for op in stories:
+            rest = attrs.evolve(op, start_token=split, block_ids=op.block_ids[cut:],
+                                block_hashes=op.block_hashes[cut:],
+                                at_risk=list(op.at_risk), notes=list(op.notes))
+            op.end_token, op.block_ids = split, op.block_ids[:cut]
+            op.block_hashes = op.block_hashes[:cut]
+            self.ops.insert(self.ops.index(op) + 1, rest)
+        self._say(seq, state, f"SPLIT [{decision.start_token}, {decision.end_token}) at token "
+                  f"{split}: only its first {cut} blocks fit {why} "
+                  f"({decision.reason.value}); [{split}, {decision.end_token}) stays buffered",
+                  stories)
 
     def selected_ops(self, tokens: tuple[int, int] | None) -> list[OpStory]:
         if tokens is None:
