@@ -26,3 +26,13 @@ def test_a_cut_op_is_stored_front_first_then_the_rest() -> None:
     rest = builder.build(_submit(128, 256))
     assert (rest.op.start, rest.op.end) == (128, 256)
     assert rest.op.block_ids == [list(range(8, 16)), list(range(4, 8))]
+
+
+def test_dropping_a_cut_op_front_keeps_its_rest() -> None:
+    builder = StoreBuilder([16])
+    op = LoadStoreOp(token_ids=list(range(256)), block_ids=[list(range(16))], start=0, end=256)
+    builder.offered(LMCacheMPRequestMetadata(request_id="r", direction="STORE", op=op))
+    builder.forget_range("r", 0, 128)  # the front, dropped (e.g. a duplicate)
+    rest = builder.build(_submit(192, 256))  # the rest, its first chunk trimmed
+    assert (rest.op.start, rest.op.end) == (192, 256)
+    assert rest.op.block_ids == [list(range(12, 16))]
