@@ -24,12 +24,14 @@ LMCache G3 semantics, plus two rules of ours:
   queued when it is in the window or belongs to a finished request
   (conservative for shared prefix blocks), and is not protected already;
   each distinct block is charged once per plan, however many picks share it.
-  Chunk granularity (``split``): the headroom the whole picks leave goes, in
-  the same order, to the requests held whose first op does not fit whole:
-  each gets that op's longest chunk-aligned prefix that fits (``OpSplit``).
-  Whole ops first, across the step's cascade rounds too (cuts wait for the
-  round after which no re-read follows), so a cut never takes headroom a
-  whole op would have used.
+  Chunk granularity (``split``): in a round that no cascade re-read follows
+  (its whole picks pinned no window block), the headroom the whole picks
+  leave goes, in the same order, to the requests that round held whole for
+  the pin budget: each gets its first op's longest chunk-aligned prefix that
+  fits (``OpSplit``). Whole ops first, and no cut in a round a cascade
+  follows: its re-read may show whole ops that need the headroom (measured:
+  cutting in place, or in the last round for every round's holds, lost
+  recall on burst-repeat; bench/README.md).
 * Ours: content dedup may hold a due request whose whole selection another
   batch is storing, when waiting cannot lose it (``dedup``,
   ``HoldReason.CLAIMED``).
