@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from offload_fsm.commands import ProtectBlocks, SubmitStore
+from offload_fsm.commands import ProtectBlocks, ReadFreeQueue, SubmitStore
 from offload_fsm.decisions import (
     DropCause,
     HoldReason,
@@ -120,3 +120,19 @@ def test_shield_protects_the_chunk_prefix_that_leaves_the_reserve() -> None:
     assert (selected.start_token, selected.end_token, selected.reason) == (
         0, 320, SelectReason.SHIELDED)
     assert step.one(SubmitStore).block_ids == a[:10]
+
+
+def test_no_cut_in_a_round_a_cascade_follows() -> None:
+    h = Harness(ea())
+    a = huge(h, "a")
+    h.arrive("b")
+    h.offer("b")
+    h.finish("a", "b", free=0)
+    h.queue = [*h.blocks_of["b"][0], *a, *FILLER[:3]]  # 17 free - 4 reserve: headroom 13
+    step = h.tick(allocated=20, requests=1)
+    # b's 2 blocks fit whole and pin window blocks, so a cascade re-read follows; a's 12
+    # do not fit in the 11 left, and no cut takes them: the re-read may need them.
+    assert [d.req_id for d in step.of(OpsSelected)] == ["b"]
+    assert len(step.of(ReadFreeQueue)) == 1
+    assert step.of(OpSplit) == []
+    assert [(d.req_id, d.reason) for d in step.of(OpsHeld)] == [("a", HoldReason.PIN_BUDGET)]
