@@ -87,6 +87,10 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
         "(drain_cap, pin_budget, in_flight)."),
     _one("shielded_at_finish_ops", C.SHIELDED_OPS, "Store ops protected at finish to close "
          "the blind window (EVICTION_AWARE)."),
+    _one("split_ops", C.SPLIT_OPS, "Buffered store ops cut at a chunk boundary because only "
+         "their front fit the pin headroom or the shield's (EVICTION_AWARE); each rest is "
+         "admitted as a new op."),
+    _one("split_tokens", C.SPLIT_TOKENS, "Tokens left behind a cut, buffered as the rest."),
     _one("submitted_ops", C.SUBMITTED_OPS, "Store ops submitted to LMCache after verification."),
     _one("submitted_tokens", C.SUBMITTED_TOKENS, "Tokens of the submitted store ops."),
     _one("stored_ops", C.STORED_OPS, "Store ops every worker reported stored."),

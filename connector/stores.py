@@ -6,7 +6,9 @@ metadata) and each KV group's block ids. :class:`StoreBuilder` keeps these
 per request and per op start, builds one coalesced STORE for a
 ``SubmitStore`` (the core may have trimmed already-stored leading chunks off
 the first op), and forgets them when the core drops, rejects or ends them.
-Its memory is bounded by what the core buffers.
+Its memory is bounded by what the core buffers. The core may cut an op at a
+chunk boundary (``OpSplit``); a store or a drop that ends or starts inside
+an op cuts the shell's record there too, so either side can go alone.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class StoreBuilder:
     def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
         latest = self._latest[command.req_id]
         ops = self._ops[command.req_id]
+        self._cut(ops, command.end_token)
         start = max(s for s in ops if s <= command.start_token)
         end, first_groups = ops.pop(start)
         cut = command.start_token - start
@@ -58,10 +61,28 @@ class StoreBuilder:
             request_configs=latest.request_configs,
         )
 
+    def _cut(self, ops: dict[int, tuple[int, list[list[int]]]], token: int) -> None:
+        """Split the op that spans ``token`` there: the core cut it (``OpSplit``,
+        a chunk boundary, so a block boundary of every group) and now names
+        one side of the cut alone."""
+        spanning = [start for start, (end, _) in ops.items() if start < token < end]
+        if not spanning:
+            return
+        start = spanning[0]
+        end, groups = ops.pop(start)
+        cuts = [(token - start) // tpb if tpb > 0 else None
+                for tpb in self._group_tokens_per_block]
+        ops[start] = (token, [group[:cut] if cut is not None else group
+                              for group, cut in zip(groups, cuts, strict=True)])
+        ops[token] = (end, [group[cut:] if cut is not None else group
+                            for group, cut in zip(groups, cuts, strict=True)])
+
     def forget_range(self, req_id: str, start: int, end: int) -> None:
         ops = self._ops.get(req_id)
         if not ops:
             return
+        self._cut(ops, start)
+        self._cut(ops, end)
         for op_start in [s for s in ops if start <= s < end]:
             del ops[op_start]
 

@@ -68,6 +68,13 @@ class HoldReason(enum.Enum):
     __hash__ = object.__hash__
 
 
+class SplitReason(enum.Enum):
+    """Why a buffered op was cut at a chunk boundary (``split``)."""
+
+    PIN_BUDGET = "pin_budget"  # its queued blocks exceed the plan's pin headroom
+    SHIELD = "shield"  # at finish, protecting all of it would take the running requests' reserve
+
+
 class IgnoreReason(enum.Enum):
     UNKNOWN_REQUEST = "unknown_request"  # no in-flight batch for that id
     EXCESS_COUNT = "excess_count"  # more receipts than workers
@@ -234,7 +241,7 @@ class TailFlushed:
     ``OpsSelected``; verification still skips stale ones). ``idle_steps``:
     consecutive empty steps so far."""
 
-    TAG: ClassVar[int] = 112
+    TAG: ClassVar[int] = 113
     trigger: FlushTrigger
     requests: int
     ops: int
@@ -247,7 +254,7 @@ class ShutdownFlushBegan:
     """vLLM began shutting down (``ShutdownBegan``): flush the tail and
     wait for receipts until ``until_s`` (logical time)."""
 
-    TAG: ClassVar[int] = 113
+    TAG: ClassVar[int] = 114
     until_s: float
 
 
@@ -257,12 +264,28 @@ class ShutdownLeft:
     buffered (dropped ``shutdown``) or submitted without all receipts
     (abandoned)."""
 
-    TAG: ClassVar[int] = 114
+    TAG: ClassVar[int] = 115
     requests: int
     buffered_ops: int
     buffered_tokens: int
     in_flight_ops: int
     in_flight_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class OpSplit:
+    """A buffered op ``[start_token, end_token)`` was cut at ``split_token``, a
+    chunk boundary: its first ``front_blocks`` blocks fit where the whole op
+    did not (the pin headroom or the shield's), so they are protected now;
+    ``[split_token, end_token)`` stays buffered as a new op behind them."""
+
+    TAG: ClassVar[int] = 112
+    req_id: str
+    start_token: int
+    split_token: int
+    end_token: int
+    front_blocks: int
+    reason: SplitReason
 
 
 Decision = (
@@ -281,6 +304,7 @@ Decision = (
     | TailFlushed
     | ShutdownFlushBegan
     | ShutdownLeft
+    | OpSplit
 )
 
 DECISION_TYPES: tuple[type[Decision], ...] = (
@@ -299,4 +323,5 @@ DECISION_TYPES: tuple[type[Decision], ...] = (
     TailFlushed,
     ShutdownFlushBegan,
     ShutdownLeft,
+    OpSplit,
 )

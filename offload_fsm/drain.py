@@ -39,6 +39,7 @@ from offload_fsm.decisions import (
     OpsSelected,
     ReceiptIgnored,
     SelectReason,
+    SplitReason,
     StoreAbandoned,
     StoreSettled,
     StoreSubmitted,
@@ -49,6 +50,7 @@ from offload_fsm.hooks import Scope
 from offload_fsm.legality import move
 from offload_fsm.pins import blocks_of, protect, release
 from offload_fsm.plan import Plan, ema_update
+from offload_fsm.split import split
 from offload_fsm.state import Batch, BatchStatus, Op, OpStatus, RequestState, State
 
 
@@ -104,6 +106,9 @@ def apply_plan(state: State, plan: Plan, scope: Scope) -> None:
             OpsHeld(req_id=hold.rec.req_id, ops=hold.ops, reason=hold.reason)
         )
     for pick in plan.picks:
+        if pick.split_blocks:
+            split(state, pick.rec, pick.rec.ops[pick.count - 1], pick.split_blocks,
+                  SplitReason.PIN_BUDGET, scope)
         select(state, pick.rec, pick.count, pick.reason, pick.rank, scope)
     if state.context is not None:
         state.context.ops_left -= plan.ops_used

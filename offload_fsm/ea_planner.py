@@ -24,6 +24,14 @@ LMCache G3 semantics, plus two rules of ours:
   queued when it is in the window or belongs to a finished request
   (conservative for shared prefix blocks), and is not protected already;
   each distinct block is charged once per plan, however many picks share it.
+  Chunk granularity (``split``): in a round that no cascade re-read follows
+  (its whole picks pinned no window block), the headroom the whole picks
+  leave goes, in the same order, to the requests that round held whole for
+  the pin budget: each gets its first op's longest chunk-aligned prefix that
+  fits (``OpSplit``). Whole ops first, and no cut in a round a cascade
+  follows: its re-read may show whole ops that need the headroom (measured:
+  cutting in place, or in the last round for every round's holds, lost
+  recall on burst-repeat; bench/README.md).
 * Ours: content dedup may hold a due request whose whole selection another
   batch is storing, when waiting cannot lose it (``dedup``,
   ``HoldReason.CLAIMED``).
@@ -37,6 +45,7 @@ from collections.abc import Iterable
 from offload_fsm import dedup
 from offload_fsm.decisions import HoldReason, SelectReason
 from offload_fsm.plan import Hold, Pick, Plan, ema_update
+from offload_fsm.split import fitting_prefix
 from offload_fsm.state import Op, Phase, RequestState, State, StepContext, holders
 
 DEPTH_CUTOFF = 0.5
@@ -156,7 +165,9 @@ def _fit(
     claiming: set[int] = set()  # content keys this plan's picks claim (dedup)
     pinning: set[int] = set()  # blocks of those claims
     window_pinned: set[int] = set()
-    for rank, _order, rec, due_end, why in candidates:
+    cuttable: list[tuple[Candidate, Hold]] = []  # held whole for the pin budget
+    for candidate in candidates:
+        rank, _order, rec, due_end, why = candidate
         segment = [op for op in rec.ops if op.end_token <= due_end]
         if ops_left <= 0:
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.DRAIN_CAP))
@@ -172,6 +183,7 @@ def _fit(
             count += 1
         if count == 0:
             holds.append(Hold(rec=rec, ops=len(segment), reason=HoldReason.PIN_BUDGET))
+            cuttable.append((candidate, holds[-1]))
             continue
         chosen = segment[:count]
         if dedup.waits_for_claimant(state, chosen, claiming, pinning):
@@ -185,6 +197,24 @@ def _fit(
         for op in chosen:
             if not op.pinned:
                 window_pinned.update(ctx.window_seen.intersection(op.block_ids))
+    if window_pinned and ctx.depth_blocks:
+        cuttable = []  # a cascade round follows: its whole ops come before any cut
+    for (rank, _order, rec, _end, why), hold in cuttable:
+        if ops_left <= 0 or headroom <= 0:
+            break
+        op = rec.ops[0]
+        cut, taking = fitting_prefix(
+            op, _queued_blocks(op, ctx.window_seen, state.pins) - charged, headroom)
+        if not cut or dedup.waits_for_claimant(state, [op], claiming, pinning):
+            continue
+        holds.remove(hold)
+        picks.append(Pick(rec=rec, count=1, reason=why, rank=rank, split_blocks=cut))
+        ops_left -= 1
+        headroom -= len(taking)
+        charged |= taking
+        dedup.note_pick(state, [op], claiming, pinning)
+        if not op.pinned:
+            window_pinned.update(ctx.window_seen.intersection(op.block_ids[:cut]))
     return Plan(
         picks=tuple(picks),
         holds=tuple(holds),

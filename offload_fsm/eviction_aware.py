@@ -21,8 +21,10 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   tail at rank ``free_blocks``; if the next ``schedule()`` can allocate that
   deep (the danger depth, its token budget, or the recent allocation peak,
   whichever is largest) it can reallocate them before any drain sees them.
-  Protect them now, unless the engine is idle (depth 0) or the free queue
-  cannot spare the running requests' reserve.
+  Protect them now, unless the engine is idle (depth 0). If the free queue
+  cannot spare the running requests' reserve, protect only the longest
+  chunk-aligned prefix that leaves that reserve in the queue once the rest
+  of the freed blocks join it (``split``; ``OpSplit`` ``SHIELD``).
 * The *pin cascade*: selections made from the window pin window blocks,
   which pulls blocks from beyond ``D`` into it; the core asks for the window
   again (``ReadFreeQueue``) and plans over the newly visible blocks
@@ -40,7 +42,7 @@ import math
 from collections.abc import Sequence
 from itertools import filterfalse
 
-from offload_fsm import blockindex, dedup
+from offload_fsm import blockindex, dedup, split
 from offload_fsm.buffer import pop_overdue
 from offload_fsm.commands import ReadFreeQueue
 from offload_fsm.counters import Counter
@@ -131,9 +133,13 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
     free_blocks = event.free_blocks
     depth = state.depth_blocks
     reach = max(depth, event.next_step_max_blocks, math.ceil(state.peak_blocks))
-    if depth == 0 or free_blocks >= reach or free_blocks < state.reserve_blocks:
+    if depth == 0 or free_blocks >= reach:
         return
     ops = [op for op in rec.ops if not op.pinned]
+    if free_blocks < state.reserve_blocks:  # not all of it: its longest prefix that fits
+        freed = len(set(blocks_of(ops)).difference(state.pins))
+        budget = free_blocks + freed - state.reserve_blocks
+        ops = split.shield_prefix(state, rec, ops, budget, scope)
     block_ids = blocks_of(ops)
     if not block_ids:
         return

@@ -31,6 +31,7 @@ class Pick:
     count: int  # front ops to select
     reason: SelectReason
     rank: int
+    split_blocks: int = 0  # cut the last of them after this many blocks first (0: whole)
 
 
 @attrs.frozen(kw_only=True)

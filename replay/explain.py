@@ -23,6 +23,7 @@ from offload_fsm.decisions import (
     BatchOrphaned,
     OpsDropped,
     OpsHeld,
+    OpSplit,
     OpsSelected,
     OpsShielded,
     ReceiptIgnored,
@@ -241,6 +242,9 @@ class ExplainObserver:
             self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
                       f"protected at finish: free queue {decision.free_blocks} < reach of "
                       f"the next step {decision.reach_blocks})", ops)
+        elif kind is OpSplit:
+            assert isinstance(decision, OpSplit)
+            self._on_split(seq, decision, moved, state)
         elif kind is BatchOrphaned:
             assert isinstance(decision, BatchOrphaned)
             self._say(seq, state, f"batch {decision.batch_id} orphaned (detached from the "
@@ -251,6 +255,16 @@ class ExplainObserver:
                       f"{decision.failed}): {decision.reason.value}")
 
     # -- output -------------------------------------------------------------
+
+    def _on_split(self, seq: int, decision: OpSplit, fronts: list[OpStory] | None,
+                  state: State) -> None:
+        why = {"pin_budget": "the pin headroom", "shield": "the shield's headroom"}[
+            decision.reason.value]
+        split = decision.split_token
+        self._say(seq, state, f"SPLIT [{decision.start_token}, {decision.end_token}) at token "
+                  f"{split}: only its first {decision.front_blocks} blocks fit {why} "
+                  f"({decision.reason.value}); [{split}, {decision.end_token}) stays buffered",
+                  fronts)
 
     def selected_ops(self, tokens: tuple[int, int] | None) -> list[OpStory]:
         if tokens is None:

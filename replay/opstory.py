@@ -10,7 +10,8 @@ in offer order, and moves it through the statuses ``buffered``, ``selected``
 (taken into a verifying batch), ``submitted``, then ``stored``, ``failed``
 or ``abandoned`` (its batch's receipts never all arrived); or ``rejected``
 at the offer, or ``dropped`` with a :class:`~offload_fsm.decisions.DropCause`.
-A duplicate drop of no whole op (``ops=0``) trims an op instead: its leading
+An ``OpSplit`` cuts an op's story in two (the rest is buffered behind the
+front, as in the core). A duplicate drop of no whole op (``ops=0``) trims an op instead: its leading
 chunks are stored elsewhere, the rest goes on (``start_token`` moves on,
 ``trimmed_tokens`` counts the cut).
 Ops are matched to decisions by request and token range, as the core
@@ -28,6 +29,7 @@ import attrs
 from offload_fsm.decisions import (
     OpRejected,
     OpsDropped,
+    OpSplit,
     OpsSelected,
     StoreAbandoned,
     StoreSettled,
@@ -166,7 +168,27 @@ class OpTracker:
                     decision.block_id
                 op.reused_by, op.ended_step = reused_by, step
             return ops
+        if kind is OpSplit:
+            assert isinstance(decision, OpSplit)
+            return self._split(req_id, decision)
         return None
+
+    def _split(self, req_id: str, decision: OpSplit) -> list[OpStory]:
+        """Cut the op's story where the core cut the op: the rest (same
+        buffering, inserted right behind it) has its own fate from here on.
+        Returns the fronts."""
+        cut, split = decision.front_blocks, decision.split_token
+        ops = [op for op in self.live(req_id, decision.start_token, split, ("buffered",))
+               if op.end_token == decision.end_token]
+        stories = self.ops[req_id] if ops else []
+        for op in ops:
+            rest = attrs.evolve(op, start_token=split, block_ids=op.block_ids[cut:],
+                                block_hashes=op.block_hashes[cut:],
+                                at_risk=list(op.at_risk), notes=list(op.notes))
+            op.end_token, op.block_ids = split, op.block_ids[:cut]
+            op.block_hashes = op.block_hashes[:cut]
+            stories.insert(stories.index(op) + 1, rest)
+        return ops
 
     def _trim(self, req_id: str, start: int, end: int) -> list[OpStory]:
         """Cut ``[start, end)`` off the front of the op that starts at ``start``;

@@ -146,6 +146,7 @@ class Harness:
         tokens: int = OP_TOKENS,
         start: int | None = None,
         time_s: float | None = None,
+        blocks_per_chunk: int = 0,
     ) -> Result:
         """Offer the request's next contiguous range (fresh blocks by default)."""
         if blocks is None:
@@ -162,6 +163,7 @@ class Harness:
                 req_id=req_id, start_token=start, end_token=start + tokens,
                 block_ids=blocks, block_hashes=tuple(hashes),
                 time_s=self.time_s if time_s is None else time_s,
+                blocks_per_chunk=blocks_per_chunk,
             )
         )
 

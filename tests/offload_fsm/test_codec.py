@@ -25,6 +25,7 @@ from offload_fsm.decisions import (
     IgnoreReason,
     RejectReason,
     SelectReason,
+    SplitReason,
 )
 from offload_fsm.errors import UnknownTag
 from offload_fsm.events import EVENT_TYPES
@@ -65,9 +66,11 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     109: ("ShieldLifted", ("req_id", "ops", "blocks")),
     110: ("StoreAbandoned", ("req_id", "batch_id", "ops", "tokens", "receipts", "waited_s")),
     111: ("StoredChunksForgotten", ("chunk_keys", "reported")),
-    112: ("TailFlushed", ("trigger", "requests", "ops", "tokens", "idle_steps")),
-    113: ("ShutdownFlushBegan", ("until_s",)),
-    114: ("ShutdownLeft",
+    112: ("OpSplit",
+          ("req_id", "start_token", "split_token", "end_token", "front_blocks", "reason")),
+    113: ("TailFlushed", ("trigger", "requests", "ops", "tokens", "idle_steps")),
+    114: ("ShutdownFlushBegan", ("until_s",)),
+    115: ("ShutdownLeft",
           ("requests", "buffered_ops", "buffered_tokens", "in_flight_ops", "in_flight_tokens")),
     200: ("ProtectBlocks", ("batch_id", "block_ids")),
     201: ("ReadHashes", ("batch_id", "block_ids")),
@@ -86,6 +89,7 @@ ENUM_VALUES: dict[type[enum.Enum], tuple[str, ...]] = {
     HoldReason: ("drain_cap", "pin_budget", "in_flight", "claimed"),
     IgnoreReason: ("unknown_request", "excess_count", "lease_expired"),
     FlushTrigger: ("idle", "shutdown"),
+    SplitReason: ("pin_budget", "shield"),
 }
 
 
@@ -177,7 +181,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 13, 99, 115, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 13, 99, 116, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:

@@ -548,12 +548,21 @@ def test_shield_at_finish_when_freed_blocks_land_inside_the_window() -> None:
     assert list(h.state.shielded) == ["a"]
 
 
-@pytest.mark.parametrize("free", [10, 50, 1])
-def test_no_shield_when_window_is_far_or_the_next_step_needs_the_blocks(free: int) -> None:
+@pytest.mark.parametrize("free", [10, 50])
+def test_no_shield_when_window_is_far(free: int) -> None:
     h = harness()
     shield_setup(h)
-    result = h.finish("a", free=free)  # >= D, or below the reserve of 2
+    result = h.finish("a", free=free)  # >= D
     assert result.of(OpsShielded) == [] and result.commands == []
+
+
+def test_shield_below_the_reserve_takes_only_the_front_that_leaves_it() -> None:
+    h = harness()
+    blocks = shield_setup(h)
+    result = h.finish("a", free=1)  # 1 + 4 freed - reserve 2: 3 blocks may be protected
+    shielded = result.one(OpsShielded)
+    assert (shielded.ops, shielded.blocks) == (1, 2)
+    assert result.one(ProtectBlocks).block_ids == blocks[:2]
 
 
 def test_no_shield_at_depth_zero() -> None:

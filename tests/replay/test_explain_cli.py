@@ -27,18 +27,21 @@ CONFIG = OffloadConfig(enabled=True, policy=Policy.EVICTION_AWARE, horizon_steps
 
 
 def _reuse_before_drain(directory: Path, pub_endpoint: str = "") -> Path:
-    """A finishes while the free queue cannot spare its blocks (no shield);
-    B's next chunk is allocated A's freed blocks before any drain sees them."""
+    """A finishes while the free queue cannot spare its blocks, not even a
+    chunk of them (C, still running, needs them: no shield); B's next chunk
+    is allocated A's freed blocks before any drain sees them."""
     recorder = EventRecorder(CONFIG, 1, str(directory), VERSIONS, prefix="run",
                              register_atexit=False, pub_endpoint=pub_endpoint)
-    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(2),
+    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(4),
                            sink=recorder.record)
     world.arrive("A")
-    world.schedule(["A"], next_step_blocks=2)
+    world.arrive("C")
+    world.schedule(["A", "C"], next_step_blocks=2)
     world.finish("A")
     world.arrive("B")
     world.schedule(["B"], next_step_blocks=2)
     world.finish("B")
+    world.finish("C")
     world.settle_all()
     world.shutdown()
     assert world.violations == []

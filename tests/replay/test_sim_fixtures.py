@@ -9,7 +9,8 @@ Decisions changed on purpose by a defect fix are listed in
 :data:`CHANGED_BY_FIXES`: the recorded run must replay identically up to
 that event and diverge exactly there; a later recording of the same
 simulation (``sim-ea-2``, recorded on 2026-12-01 with the fixes, same
-command) guards the whole run again."""
+command) guards the whole run again, and ``sim-ea-3`` (recorded on
+2026-12-01 with chunk-granularity selection, same command) after it."""
 
 from __future__ import annotations
 
@@ -41,10 +42,17 @@ CHANGED_BY_FIXES: dict[str, tuple[int, str]] = {
     # s84t0, s83t1, s67t0 and s10t0 for PIN_BUDGET, charged again and again
     # for the prefix blocks they share; counted once, all fit in that drain.
     "ea": (778, "a chunk only claimed by a batch in flight is no longer trimmed"),
+    # Issue 12, chunk-granularity selection. In the cascade round of seq 836
+    # the recording held s89t3's one op [0, 6656) (208 blocks) for
+    # PIN_BUDGET whole: the headroom left could not take all of it. Now,
+    # no further cascade round following, that leftover headroom takes its
+    # longest chunk prefix that fits: OpSplit at 5376 (168 blocks), and
+    # [0, 5376) is selected (cascade); [5376, 6656) stays buffered.
+    "ea-2": (836, "an op too big for the pin headroom is cut to the chunk prefix that fits"),
 }
 
 
-@pytest.mark.parametrize("policy", ["ea", "fifo", "ea-2"])
+@pytest.mark.parametrize("policy", ["ea", "fifo", "ea-2", "ea-3"])
 def test_recorded_simulator_run_replays_identically(policy: str) -> None:
     expected = EXPECTED[policy]
     chain = hashlib.sha256()
