@@ -46,6 +46,7 @@ from offload_fsm.logformat import (
     End,
     Gap,
     Header,
+    Index,
     Inputs,
     LogRecord,
     Rejected,
@@ -380,6 +381,7 @@ _ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
     Gap: _Fold.on_gap,
     Rejected: _Fold.on_rejected,
     Snapshot: _Fold.on_snapshot,
+    Index: lambda fold, record: None,  # for seeking (replay.seek), nothing to check
 }
 
 

@@ -15,7 +15,7 @@ def _rotated(tmp_path: Path) -> Path:
     directory, _ = record_workload(tmp_path / "rot", requests=150, seed=4, pool_blocks=64,
                                    concurrency=8,
                                    recorder_options={"digest_every": 100,
-                                                     "max_file_bytes": 16 * 1024})
+                                                     "max_file_bytes": 4 * 1024})
     assert len(list(directory.glob("*.lolog"))) >= 3
     return directory
 
