@@ -324,7 +324,7 @@ def test_a_full_disk_that_never_frees_keeps_serving_quietly(
     time.sleep(0.1)
     recorder.close(world.state)
     elapsed = time.monotonic() - started
-    assert len(warnings) == 1 and "I/O error" in warnings[0]
+    assert len(warnings) == 1 and "I/O error" in warnings[0], warnings
     assert recorder.snapshots == 0  # no snapshot is taken while the disk stays full
     assert disk.probes <= elapsed / 0.01 + 2
     assert not list(tmp_path.glob(".*.probe"))
