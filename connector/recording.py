@@ -68,6 +68,7 @@ from offload_fsm.logcompact import (
     MAX_INDEX_REQUESTS,
     Deflater,
     WireContext,
+    compact_snapshot,
     encode_batch,
     encode_compact_inputs,
     requests_of,
@@ -177,6 +178,7 @@ class _Encoder:
         self._segment_seq = 0
         self._segment_step = 0
         self._requests: set[str] | None = set()
+        self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
 
     def pack(self, payloads: list[bytes]) -> bytes:
         """The writer's batch: one BATCH record of the segment's zlib stream."""
@@ -233,12 +235,15 @@ class _Encoder:
             self._next_seq = seq + 1
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
-            _, seq, wall_s, digest, state, step_index = item
+            _, seq, wall_s, digest, state, step_index, periodic = item
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
-            return encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state,
-                                   level=self._compress_level)
+            state, keys = compact_snapshot(state, self._snapshot_keys if periodic else None)
+            payload = encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state,
+                                      level=self._compress_level)
+            self._snapshot_keys = keys
+            return payload
         elif kind == INDEX:
             _, seq, wall_s, step_index = item
             requests = self._requests
@@ -249,6 +254,8 @@ class _Encoder:
         else:
             payload = self._header()
             self._start_segment()
+            if not after_snapshot:  # the file has no snapshot yet to refer to
+                self._snapshot_keys = None
         if self._pub_endpoint:
             self._publish(payload)
         return payload
@@ -397,12 +404,13 @@ class EventRecorder:
         if writer.rotation_due:
             self._rotate(writer, state)
         elif end >= self._next_snapshot > 0:
-            item = self._snapshot(writer, state)
+            item = self._snapshot(writer, state, periodic=True)
             if item is not None:
                 writer.append(item)
                 self.snapshots += 1
 
-    def _snapshot(self, writer: EventLogWriter, state: State) -> tuple[Any, ...] | None:
+    def _snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool = False
+                  ) -> tuple[Any, ...] | None:
         """At a batch boundary: end the segment (its INDEX) and snapshot ``state``
         to start the next; the next periodic one is ``snapshot_every`` events on."""
         started = time.perf_counter()
@@ -413,7 +421,7 @@ class EventRecorder:
         item: tuple[Any, ...] | None
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
-                    state.step_index)
+                    state.step_index, periodic)
         except Exception as error:  # a bug; the log goes on, that file needs its predecessors
             item = None
             if not self._warned_snapshot:

@@ -21,6 +21,11 @@ so a schema 3 event decodes unchanged (its upcaster is the identity):
   that block's. In ``HashesRead.block_hashes`` (no block ids on the wire)
   a reference is ``(block_id,)``; its hashes update nothing.
 
+Snapshots: a file's snapshots after its first carry the stored keys (the
+one big, slowly moving part of the state) as a delta against the snapshot
+before (:func:`compact_snapshot`); so restoring one reads the file's
+snapshots before it, not its events.
+
 Batches: a BATCH record ``[BATCH, seq, wall, data]`` holds consecutive
 payloads (seq and wall of the first): ``data`` is their msgpack bytes,
 concatenated and deflated by one ``zlib`` stream per segment, each batch
@@ -49,8 +54,10 @@ __all__ = [
     "Deflater",
     "Inflater",
     "WireContext",
+    "compact_snapshot",
     "encode_batch",
     "encode_compact_inputs",
+    "expand_snapshot",
 ]
 
 MAX_INDEX_REQUESTS: Final[int] = 65536
@@ -262,6 +269,56 @@ def encode_compact_inputs(
             if type(command) is ReadHashes:
                 read_ids[command.batch_id] = command.block_ids
     return _packb(items)
+
+
+_KEYS_FIELD: Final = "stored_keys"  # the one big, slowly moving part of a snapshot
+
+
+def _keys_at(wire: tuple[Any, ...]) -> int:
+    names = dict(wire[1])["State"]
+    return int(names.index(_KEYS_FIELD))
+
+
+def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
+                     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``snapshot.to_wire`` output with its stored keys as ``{"front": k,
+    "tail": keys}`` (drop ``k`` from the front of ``previous``, the keys of
+    the file's snapshot before, then append ``keys``) where they are that;
+    and the keys, for the next one. ``previous`` None: the snapshot is whole."""
+    at = _keys_at(wire)
+    body = wire[2]
+    keys = body[at]
+    if previous is None or not keys or not previous:
+        return wire, keys
+    try:
+        front = previous.index(keys[0])
+    except ValueError:
+        front = len(previous)
+    kept = len(previous) - front
+    if keys[:kept] != previous[front:]:
+        return wire, keys
+    delta = {"front": front, "tail": keys[kept:]}
+    return (*wire[:2], (*body[:at], delta, *body[at + 1:]), *wire[3:]), keys
+
+
+def expand_snapshot(wire: Any, previous: tuple[Any, ...] | None
+                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The inverse of :func:`compact_snapshot`; raises :class:`LogCorrupt`."""
+    try:
+        at = _keys_at(wire)
+        body = wire[2]
+        keys = body[at]
+        if not isinstance(keys, dict):
+            return wire, keys
+        if previous is None:
+            raise LogCorrupt("a snapshot's keys refer to an earlier snapshot the file lacks")
+        front, tail = keys["front"], keys["tail"]
+        if not 0 <= front <= len(previous):
+            raise LogCorrupt(f"a snapshot's keys drop {front} of {len(previous)}")
+        keys = (*previous[front:], *tail)
+        return (*wire[:2], (*body[:at], keys, *body[at + 1:]), *wire[3:]), keys
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise LogCorrupt(f"snapshot keys: {error!r}") from None
 
 
 def encode_batch(payloads: list[bytes], deflater: Deflater) -> bytes:

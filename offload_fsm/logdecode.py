@@ -25,7 +25,7 @@ import msgpack
 from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.events import EVENT_TYPES, Event
-from offload_fsm.logcompact import Inflater, WireContext
+from offload_fsm.logcompact import Inflater, WireContext, expand_snapshot
 from offload_fsm.logformat import (
     BATCH,
     DIGEST,
@@ -235,7 +235,7 @@ class LogDecoder:
     version and time base for the records after it; a header or a snapshot
     starts a segment (see the module docstring)."""
 
-    __slots__ = ("schema", "created_s", "header", "context", "inflater")
+    __slots__ = ("schema", "created_s", "header", "context", "inflater", "keys")
 
     def __init__(self) -> None:
         self.schema = SCHEMA_VERSION
@@ -243,6 +243,7 @@ class LogDecoder:
         self.header: Header | None = None
         self.context = WireContext()
         self.inflater = Inflater()
+        self.keys: tuple[Any, ...] | None = None  # the file's last snapshot's stored keys
 
     def lose(self) -> None:
         """Records were lost (damage): the segment's references are broken."""
@@ -290,8 +291,14 @@ class LogDecoder:
             self.created_s = record.created_s
             self.context.reset()
             self.inflater.reset()
+            self.keys = None
         elif kind is Snapshot:
+            assert isinstance(record, Snapshot)
             self.context.reset()
             self.inflater.reset()
+            if self.schema >= 4:
+                state, self.keys = expand_snapshot(record.state, self.keys)
+                record = Snapshot(seq=record.seq, wall_time_s=record.wall_time_s,
+                                  digest=record.digest, state=state)
         return record
 

@@ -13,6 +13,7 @@ schema and reported as ``missing_header``. Nothing is ever silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.framing import HEADER_BYTES, Damage, Record, scan_stream
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
-from offload_fsm.logformat import Header, LogRecord
+from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
 
 
 @attrs.frozen(kw_only=True)
@@ -93,7 +94,7 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
     decode_all = decoder.decode_all
     first = True
     with open(path, "rb") as stream:
-        for item in _frames(stream, start_offset):
+        for item in _frames(stream, start_offset, decoder):
             if isinstance(item, Damage):
                 decoder.lose()
                 yield LogDamage(path=name, offset=item.offset, kind=item.kind.value,
@@ -119,15 +120,25 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
                 yield Entry(path=name, offset=item.offset, record=record)
 
 
-def _frames(stream: BinaryIO, start_offset: int) -> Iterator[Record | Damage]:
-    """The file's frames; from ``start_offset`` after the first (the header)."""
+def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
+            ) -> Iterator[Record | Damage]:
+    """The file's frames; from ``start_offset`` after the first (the header).
+    The snapshots between go to ``decoder`` unseen: a snapshot's stored keys
+    may be a delta against the one before (``logcompact``)."""
     if not start_offset:
         yield from scan_stream(stream)
         return
+    header = True
     for item in scan_stream(stream):
-        yield item
-        if isinstance(item, Record):
+        if header:
+            yield item
+            header = not isinstance(item, Record)
+            continue
+        if isinstance(item, Record) and item.offset >= start_offset:
             break
+        if isinstance(item, Record) and payload_kind(item.payload) == SNAPSHOT:
+            with contextlib.suppress(LogCorrupt):
+                decoder.decode(item.payload)
     stream.seek(start_offset)
     for item in scan_stream(stream):
         if isinstance(item, Record):

@@ -113,3 +113,28 @@ def test_a_recorded_log_is_batched_and_replays(tmp_path: Path) -> None:
     events = [e for entry in read_file(path) if hasattr(entry, "record")
               and hasattr(entry.record, "events") for e in entry.record.events]
     assert events == [event for event, _ in world.applied]
+
+
+def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
+    from offload_fsm import snapshot
+    from offload_fsm.logcompact import compact_snapshot, expand_snapshot
+    from offload_fsm.state import new_state
+    from offload_fsm.testing.synthetic import default_config
+
+    state = new_state(default_config(), world_size=2)
+    base = 1 << 40  # keys are 64-bit fingerprints
+    state.stored_keys = dict.fromkeys(range(base, base + 3000))
+    first, keys = compact_snapshot(snapshot.to_wire(state), None)
+    assert first == snapshot.to_wire(state)  # the file's first: whole
+    for key in range(base, base + 50):
+        del state.stored_keys[key]
+    state.stored_keys.update(dict.fromkeys(range(base + 9000, base + 9020)))
+    second, _ = compact_snapshot(snapshot.to_wire(state), keys)
+    assert len(msgpack.packb(second)) < len(msgpack.packb(first)) // 4
+    back, _ = expand_snapshot(msgpack.unpackb(msgpack.packb(second), use_list=False), keys)
+    assert back == snapshot.to_wire(state)
+    with pytest.raises(LogCorrupt, match="earlier snapshot"):
+        expand_snapshot(second, None)
+    del state.stored_keys[base + 300]  # out of the middle: whole again
+    third, _ = compact_snapshot(snapshot.to_wire(state), keys)
+    assert third == snapshot.to_wire(state)
