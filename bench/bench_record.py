@@ -8,7 +8,8 @@ Drives ``bench.bench_longrun``'s decode-heavy mix over the fake engine for
 timed with ``perf_counter_ns`` (the timing wrapper's own ~0.1 us per call is
 in the numbers, on both sides). Prints record()'s cost per event (a call's
 time over its events): median, p90, p99 and mean (the mean carries the
-digests and snapshots, which the scheduler thread computes); the writer
+digests and snapshots, which the scheduler thread computes), the snapshots'
+cost and the slowest call; the writer
 thread's CPU (the process's CPU time less this thread's) per event and per
 step; and bytes per step. With ``--against REV`` the same runs on ``git
 archive REV`` (e.g. the last schema 3 commit) in a subprocess, and both
@@ -37,14 +38,22 @@ from offload_fsm.logformat import SCHEMA_VERSION
 
 def measure(steps: int, seed: int) -> dict[str, Any]:
     costs: list[float] = []
+    calls: list[int] = []
     perf = time.perf_counter_ns
+    recorders: list[EventRecorder] = []
 
     class TimedRecorder(EventRecorder):
         def record(self, applied: Sequence[Any], state: Any) -> None:
             started = perf()
             super().record(applied, state)
             if applied:
-                costs.append((perf() - started) / len(applied))
+                took = perf() - started
+                costs.append(took / len(applied))
+                calls.append(took)
+
+        def close(self, state: Any = None) -> None:
+            recorders.append(self)
+            super().close(state)
 
     directory = Path(tempfile.mkdtemp(prefix="bench-record-"))
     bench_longrun.EventRecorder = TimedRecorder  # type: ignore[misc]
@@ -55,7 +64,11 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
     size = sum(path.stat().st_size for path in directory.glob("*.lolog"))
     shutil.rmtree(directory)
     ordered = sorted(costs)
+    recorder = recorders[0]
     return {
+        "snapshots": recorder.snapshots,
+        "snapshot_ms": recorder.snapshot_s * 1e3 / max(1, recorder.snapshots),
+        "max_call_ms": max(calls) / 1e6,
         "schema": SCHEMA_VERSION, "steps": steps, "events": events,
         "median_ns": statistics.median(ordered),
         "p90_ns": ordered[len(ordered) * 9 // 10], "p99_ns": ordered[len(ordered) * 99 // 100],
@@ -93,6 +106,9 @@ ROWS = [
     ("writer thread CPU per event", "writer_ns_per_event", 1e-3, "us"),
     ("writer thread CPU per step", "writer_us_per_step", 1.0, "us"),
     ("bytes per step", "bytes_per_step", 1.0, "B"),
+    ("snapshots taken", "snapshots", 1.0, ""),
+    ("scheduler thread per snapshot", "snapshot_ms", 1.0, "ms"),
+    ("slowest record() call", "max_call_ms", 1.0, "ms"),
 ]
 
 

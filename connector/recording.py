@@ -42,6 +42,17 @@ taken here, and only when a rotation is due: the writer raises
 batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
 the directory within ``max_total_bytes`` by deleting the oldest files.
+
+Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
+batch boundary, this thread also takes a snapshot that starts a new
+*segment* within the file, and before each snapshot (and the END) queues an
+INDEX item, which the writer thread turns into the ending segment's index
+(its steps and request ids) for ``replay explain``'s seeking. The writer
+thread encodes events in compact forms (window deltas, hash references)
+and deflates each flush's records into one BATCH record at
+``compress_level`` (0: plain, one frame per record); a file's snapshots
+after its first carry the stored keys as a delta. Cost of all this, on
+both threads: ``bench/bench_record.py``.
 After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it
 raises ``rotation_due`` as well, and the resumed file holds header, a GAP
