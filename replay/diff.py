@@ -26,7 +26,9 @@ decoded when the log carries full outcomes (``full_outcomes`` header flag,
 as ``whatif --out`` writes), else recomputed by replaying the one file that
 holds it with this code (and marked as matching the recorded check or not),
 else the check alone. Then the ledgers: each side's final counters, from a
-replay of its last file only (which starts from that file's snapshot).
+replay of its last file only (which starts from that file's snapshot). Both
+replays start from the file's last segment (snapshot) before the event or
+the end (``replay.seek``).
 
 Exit codes (``replay diff``): 0 identical, 1 diverged, 3 damage in either log.
 """
@@ -65,9 +67,10 @@ from offload_fsm.logformat import (
 )
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
+from replay import seek
 from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
 from replay.reader import payload_kind as _kind
-from replay.runner import replay
+from replay.runner import ReplayResult, replay
 
 __all__ = ["DiffResult", "Side", "diff_logs", "format_diff", "scan_digests", "to_json"]
 
@@ -412,7 +415,8 @@ def _file_of(scanned: Digests, seq: int) -> Path | None:
 
 
 def _recompute(scanned: Digests, seq: int) -> Outcome | None:
-    """The outcome of event ``seq`` under this code: a replay of its file alone."""
+    """The outcome of event ``seq`` under this code: a replay of its file
+    alone, from the last segment (snapshot) before it."""
     file = _file_of(scanned, seq)
     if file is None:
         return None
@@ -422,14 +426,22 @@ def _recompute(scanned: Digests, seq: int) -> Outcome | None:
         if at == seq:
             found.append(outcome)
 
-    replay(file, observer=observer)
+    _replay_tail(file, seq, observer, lambda fold: fold.next_seq > seq)
     return found[0] if found else None
+
+
+def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResult:
+    """Replay ``file`` from its last segment starting at or before ``seq``
+    (``replay.seek``; the whole file where none restores)."""
+    starts = [s for s in seek.segments(file) if s.seq <= seq]
+    result = (seek.replay_from([file], starts[-1], observer, until) if starts else None)
+    return result if result is not None else replay(file, observer=observer)
 
 
 def _final_counters(scanned: Digests) -> dict[str, int]:
     if not scanned.file_starts:
         return {}
-    result = replay(scanned.file_starts[-1][1])
+    result = _replay_tail(scanned.file_starts[-1][1], 1 << 62, None, lambda fold: False)
     if result.state is None:
         return {}
     return {name.value: value for name, value in result.state.counters.items()}

@@ -43,7 +43,7 @@ from offload_fsm.state import State
 from replay.reader import Entry, LogDamage, payload_kind, read_file, run_files
 from replay.runner import _ON_RECORD, Observer, ReplayResult, _Fold, replay
 
-__all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "segments"]
+__all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]
 
 
 @attrs.define(kw_only=True)
@@ -145,7 +145,7 @@ def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:
     return False  # the file ended: the whole segment was read
 
 
-def _replay_from(run: list[Path], start: Segment, observer: Observer,
+def replay_from(run: list[Path], start: Segment, observer: Observer,
                  until: Callable[[_Fold], bool]) -> ReplayResult | None:
     """Fold from ``start`` until ``until(fold)`` holds after a record; None
     when folding could not start there."""
@@ -206,7 +206,7 @@ def explain_request(path: str | os.PathLike[str], prefix: str | None, req_id: st
         return not any(op.status in ("buffered", "selected", "submitted")
                        for op in observer.ops)
 
-    result = _replay_from(run, found[hits[0]], observer, until)
+    result = replay_from(run, found[hits[0]], observer, until)
     if result is None:
         notes.append(f"the snapshot before event {found[hits[0]].seq} does not restore: "
                      "replayed from the beginning")
@@ -238,7 +238,7 @@ def replay_at_step(path: str | os.PathLike[str], prefix: str | None, step_index:
         notes.append("no indexed segment starts at or before that step: replayed from the "
                      "beginning")
         return replay(path, prefix=prefix, observer=observer)
-    result = _replay_from(run, found[-1], observer,
+    result = replay_from(run, found[-1], observer,
                           lambda fold: fold.state is not None
                           and fold.state.step_index > step_index)
     if result is None:
