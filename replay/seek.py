@@ -55,6 +55,7 @@ class Segment:
     offset: int
     seq: int
     index: Index | None = None  # trusted INDEX, see the module docstring
+    digest: str = ""  # its snapshot's (state before ``seq``)
     first_step: int = -1  # state.step_index before its first event (-1: unknown)
     end_seq: int = -1  # where the next segment or the END starts (-1: unknown)
 
@@ -83,9 +84,10 @@ def segments(path: str | os.PathLike[str], prefix: str | None = None,
                     if isinstance(header, Header) and header.seq == 0 and item.offset == 0:
                         out.append(Segment(path=file, offset=0, seq=0, first_step=0))
                 elif kind == SNAPSHOT:
-                    seq = _peek_seq(item.payload)
+                    seq, digest = _peek_seq_digest(item.payload)
                     if seq is not None:
-                        out.append(Segment(path=file, offset=item.offset, seq=seq))
+                        out.append(Segment(path=file, offset=item.offset, seq=seq,
+                                           digest=digest))
                 elif kind == INDEX and out and out[-1].path == file:
                     index = _try(decoder, item.payload)
                     if isinstance(index, Index) and index.seq == out[-1].seq:
@@ -112,6 +114,20 @@ def _try(decoder: LogDecoder, payload: bytes) -> Any:
         return decoder.decode(payload)
     except LogCorrupt:
         return None
+
+
+def _peek_seq_digest(payload: bytes) -> tuple[int | None, str]:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(payload[:64])
+    try:
+        unpacker.read_array_header()
+        unpacker.skip()  # kind
+        seq = unpacker.unpack()
+        unpacker.skip()  # wall
+        digest = unpacker.unpack()
+    except Exception:  # msgpack raises several unrelated types
+        return None, ""
+    return (seq if isinstance(seq, int) else None), (digest if isinstance(digest, str) else "")
 
 
 def _peek_seq(payload: bytes) -> int | None:
@@ -145,7 +161,7 @@ def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:
     return False  # the file ended: the whole segment was read
 
 
-def replay_from(run: list[Path], start: Segment, observer: Observer,
+def replay_from(run: list[Path], start: Segment, observer: Observer | None,
                  until: Callable[[_Fold], bool]) -> ReplayResult | None:
     """Fold from ``start`` until ``until(fold)`` holds after a record; None
     when folding could not start there."""
