@@ -10,9 +10,10 @@ up to ``--concurrency`` requests run at once; each prefills 1 to 16 chunks
 step, offering a chunk each time its decode fills one (64 tokens); receipts
 come from every worker 1 to 3 steps after a store, 2 % fail. Every callback
 goes through ``connector.recording.EventRecorder`` (64 MiB files, each after
-the first starting with a snapshot). Then it prints: bytes per step and per
-event, ``replay verify`` steps/s on one core and on every core
-(``--workers 0``), ``explain`` latency for a request near the end, and
+the first starting with a snapshot, one more every 10,000 events). Then it
+prints: bytes per step and per event, ``replay verify`` steps/s on one core
+and on every core (``--workers 0``), ``explain`` latency for a request near
+the end, one early in the run and one token step (``--at``, mid-run), and
 ``diff`` time for the log against a copy whose outcome check was altered
 near the end.
 """
@@ -34,6 +35,8 @@ import msgpack
 from connector.recording import EventRecorder
 from offload_fsm.events import CandidateOffered, StepScheduled
 from offload_fsm.framing import Record, frame, scan
+from offload_fsm.logcompact import Deflater, Inflater, encode_batch
+from offload_fsm.logformat import BATCH, HEADER, SNAPSHOT
 from offload_fsm.machine import watches, window_depth
 from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import RecordingWorld, default_config
@@ -144,17 +147,34 @@ def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
 
 
 def _alter_last_check(source: Path, target: Path) -> None:
-    """A copy of the run whose last non-empty outcome check is flipped."""
+    """A copy of the run whose last non-empty outcome check is flipped (in a
+    schema 4 log: in the last batch holding one, re-deflated with the segment's
+    stream from its start, so the file still decodes)."""
     shutil.copytree(source, target)
     last = sorted(target.glob("*.lolog"))[-1]
     items = [item for item in scan(last.read_bytes()) if isinstance(item, Record)]
-    for index in range(len(items) - 1, -1, -1):
-        payload = list(msgpack.unpackb(items[index].payload))
-        if payload[0] == 2 and any(payload[4::2]):
-            at = max(i for i in range(4, len(payload), 2) if payload[i])
-            payload[at] ^= 1
-            items[index] = Record(items[index].offset, msgpack.packb(payload))
+    kinds = [msgpack.unpackb(item.payload)[0] for item in items]
+    start = max(i for i, kind in enumerate(kinds) if kind in (HEADER, SNAPSHOT))
+    inflater, deflater = Inflater(), Deflater(6)
+    batches = []
+    for index in range(start + 1, len(items)):
+        if kinds[index] == BATCH:
+            batches.append((index, inflater.payloads(msgpack.unpackb(items[index].payload)[3])))
+    altered = False
+    for _index, payloads in reversed(batches):
+        for at in range(len(payloads) - 1, -1, -1):
+            payload = list(msgpack.unpackb(payloads[at]))
+            if payload[0] == 2 and any(payload[4::2]):
+                check = max(i for i in range(4, len(payload), 2) if payload[i])
+                payload[check] ^= 1
+                payloads[at] = msgpack.packb(payload)
+                altered = True
+                break
+        if altered:
             break
+    assert altered, "no outcome check to alter in the last segment"
+    for index, payloads in batches:
+        items[index] = Record(items[index].offset, encode_batch(payloads, deflater))
     last.write_bytes(b"".join(frame(item.payload) for item in items))
 
 
@@ -190,6 +210,11 @@ def main() -> None:
               f"{events / elapsed:,.0f} events/s (exit {code})")
     elapsed, code, _ = _timed(["explain", str(directory), "--request", request])
     print(f"explain --request {request} (finished near the end): {elapsed:.1f} s (exit {code})")
+    early = f"req-{int(request.split('-')[1]) // 20}"
+    elapsed, code, _ = _timed(["explain", str(directory), "--request", early])
+    print(f"explain --request {early} (early in the run): {elapsed:.1f} s (exit {code})")
+    elapsed, code, _ = _timed(["explain", str(directory), "--at", str(args.steps // 2)])
+    print(f"explain --at {args.steps // 2}: {elapsed:.1f} s (exit {code})")
     altered = directory.with_name(directory.name + "-altered")
     _alter_last_check(directory, altered)
     elapsed, code, out = _timed(["diff", str(directory), str(altered), "--no-ledgers"])

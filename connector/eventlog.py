@@ -33,6 +33,13 @@ Contract towards the caller (the vLLM scheduler thread)
   interpreter exit drains the queue and flushes.  A crash loses at most the
   queued/unflushed tail and leaves at most a torn last record, which
   :func:`offload_fsm.framing.scan` reports as damage and skips.
+* With ``pack``, consecutive items for which ``batchable(item)`` holds are
+  encoded into one pending batch, written as the single record
+  ``pack(payloads)`` (the caller compresses there) at the next flush, when
+  ``batch_bytes`` of payloads are pending, or before the next item that is
+  not batchable (that one is written on its own). A batch closes early when
+  the file would reach ``max_file_bytes`` with it (so rotation keeps its
+  bound). A crash loses the pending batch with the unflushed tail.
 * Appends are intended to come from one thread (the scheduler).  Several
   producer threads are safe (the deque operations are atomic) but the queue
   bound and the loss accounting are then approximate.
@@ -97,6 +104,9 @@ def _one(item: object) -> int:
     return 1
 
 
+_GAP_ITEM = _Gap(0)  # stands for a gap record in a pending batch (not a caller item)
+
+
 class EventLogWriter:
     """Non-blocking, rotating writer of framed records.  See the module docstring."""
 
@@ -120,6 +130,9 @@ class EventLogWriter:
         flush_bytes: int = 1 << 20,
         idle_poll_s: float = 0.01,
         register_atexit: bool = True,
+        pack: Callable[[list[bytes]], bytes] | None = None,
+        batchable: Callable[[object], bool] | None = None,
+        batch_bytes: int = 256 * 1024,
     ) -> None:
         if queue_max_items < 1:
             raise ValueError("queue_max_items must be >= 1")
@@ -143,6 +156,13 @@ class EventLogWriter:
         self._flush_interval_s = flush_interval_s
         self._flush_bytes = flush_bytes
         self._idle_poll_s = idle_poll_s
+        self._pack = pack
+        self._batchable = batchable if pack is not None else None
+        self._batch_max_bytes = batch_bytes
+        self._batch: list[bytes] = []  # writer thread: encoded payloads not yet written
+        self._batch_items: list[object] = []  # their items (for the loss accounting)
+        self._batch_bytes = 0
+        self._pack_s = 0.0  # writer thread time in pack (compression)
 
         # Producer-side state.  ``_limit`` is the queue bound while healthy and
         # -1 while a loss is pending or after close, which routes append() to
@@ -332,6 +352,7 @@ class EventLogWriter:
             "bytes_deleted": self._bytes_deleted,
             "resumes": self._resumes,
             "queue_len": len(self._queue),
+            "pack_us": round(self._pack_s * 1e6),
         }
 
     # ------------------------------------------------------------ close
@@ -397,8 +418,9 @@ class EventLogWriter:
                     write_item(item)
                     n += 1
                 self.writing = False
-                if self._unflushed and (
-                    self._unflushed >= self._flush_bytes
+                pending = self._unflushed + self._batch_bytes
+                if pending and (
+                    pending >= self._flush_bytes
                     or monotonic() - self._last_flush >= self._flush_interval_s
                 ):
                     self._flush()
@@ -433,12 +455,19 @@ class EventLogWriter:
             self._items_lost += 1
             self._outage_lost += self._weigh(item)
             return
+        if is_gap:
+            assert isinstance(item, _Gap)
+            item = self._make_gap(item.count)
+        batchable = self._batchable
+        if batchable is not None and batchable(item):
+            self._add_to_batch(item, is_gap)
+            return
+        self._close_batch()
+        if self._broken is not None:
+            self._drop(item, is_gap)
+            return
         try:
-            if is_gap:
-                assert isinstance(item, _Gap)
-                record = frame(self._encode(self._make_gap(item.count)))
-            else:
-                record = frame(self._encode(item))
+            record = frame(self._encode(item))
         except Exception as exc:
             self._encode_errors += 1
             if not is_gap:
@@ -456,39 +485,111 @@ class EventLogWriter:
             except Exception:
                 return
             is_gap = True
-        if self._file_records and self._file_bytes + len(record) > self._max_file_bytes:
+        self._place(record, [item], is_gap=is_gap)
+
+    def _drop(self, item: object, is_gap: bool) -> None:
+        if not is_gap:
+            self._items_lost += 1
+            self._outage_lost += self._weigh(item)
+
+    def _add_to_batch(self, item: object, is_gap: bool) -> None:
+        try:
+            payload = self._encode(item)
+        except Exception as exc:
+            self._encode_errors += 1
+            if not self._warned_encode:
+                self._warned_encode = True
+                self._warn(f"event log: failed to encode {type(item).__name__}: {exc!r}")
+            if is_gap:
+                return
+            self._items_lost += 1
+            lost = self._weigh(item)
+            if not lost:
+                return
+            try:
+                payload = self._encode(self._make_gap(lost))
+            except Exception:
+                return
+            item, is_gap = _GAP_ITEM, True
+        self._batch.append(payload)
+        self._batch_items.append(_GAP_ITEM if is_gap else item)
+        self._batch_bytes += len(payload)
+        if (self._batch_bytes >= self._batch_max_bytes
+                or self._file_bytes + self._batch_bytes >= self._max_file_bytes):
+            self._close_batch()
+
+    def _close_batch(self) -> None:
+        """Write the pending batch as one record (see the module docstring)."""
+        if not self._batch:
+            return
+        payloads, items = self._batch, self._batch_items
+        self._batch, self._batch_items, self._batch_bytes = [], [], 0
+        assert self._pack is not None
+        started = time.perf_counter()
+        try:
+            record = frame(self._pack(payloads))
+        except Exception as exc:
+            self._encode_errors += 1
+            if not self._warned_encode:
+                self._warned_encode = True
+                self._warn(f"event log: failed to pack a batch of {len(items)}: {exc!r}")
+            for each in items:
+                if each is not _GAP_ITEM:
+                    self._items_lost += 1
+            return
+        finally:
+            self._pack_s += time.perf_counter() - started
+        self._place(record, items, is_gap=False, batch=True)
+
+    def _place(self, record: bytes, items: list[object], *, is_gap: bool,
+               batch: bool = False) -> None:
+        """Write ``record`` (of ``items``), rotating around it as the bounds say.
+        A batch never starts a file it was not packed for: it goes in the
+        current file, and the rotation (if due) follows it."""
+        if (not batch and self._file_records
+                and self._file_bytes + len(record) > self._max_file_bytes):
             if self._auto_rotate:
                 self._rotate()
-            elif (not self._rotate_pending
-                  and self._file_bytes + len(record) > 2 * self._max_file_bytes
-                  and time.monotonic() - self._due_since > _PRODUCER_PATIENCE_S):
-                # The producer has not answered rotation_due: keep the bound anyway.
-                # (A queued rotation is coming: the items before it go here.)
-                if not self._warned_plain_rotation:
-                    self._warned_plain_rotation = True
-                    self._warn("event log: rotating without the producer's first record "
-                               f"(file past twice {self._max_file_bytes} bytes)")
-                self._rotate()
+            elif self._producer_late(len(record)):
+                self._plain_rotation()
             else:
                 self._set_due()
             if self._broken is not None:
-                if not is_gap:
-                    self._items_lost += 1
-                    self._outage_lost += self._weigh(item)
+                for item in items:
+                    self._drop(item, is_gap or item is _GAP_ITEM)
                 return
         self._write_record(record)
         if self._broken is not None:
-            if not is_gap:
-                self._items_lost += 1
-                self._outage_lost += self._weigh(item)
+            for item in items:
+                self._drop(item, is_gap or item is _GAP_ITEM)
             return
-        if is_gap:
-            self._gaps_written += 1
-        else:
-            self._items_written += 1
+        gaps = 1 if is_gap else sum(1 for item in items if item is _GAP_ITEM)
+        self._gaps_written += gaps
+        self._items_written += len(items) - gaps
         self._file_records += 1
-        if not self._auto_rotate and self._file_bytes >= self._max_file_bytes:
-            self._set_due()
+        if self._file_bytes >= self._max_file_bytes:
+            if not self._auto_rotate:
+                self._set_due()
+                if batch and self._producer_late(0):
+                    self._plain_rotation()
+            elif batch:
+                self._rotate()
+
+    def _producer_late(self, more_bytes: int) -> bool:
+        """The producer has not answered rotation_due and the file (with
+        ``more_bytes``) is past twice the bound. (A queued rotation is coming:
+        the items before it go here.)"""
+        return (not self._rotate_pending
+                and self._file_bytes + more_bytes > 2 * self._max_file_bytes
+                and time.monotonic() - self._due_since > _PRODUCER_PATIENCE_S)
+
+    def _plain_rotation(self) -> None:
+        """Keep the bound anyway: the next file has no producer's first record."""
+        if not self._warned_plain_rotation:
+            self._warned_plain_rotation = True
+            self._warn("event log: rotating without the producer's first record "
+                       f"(file past twice {self._max_file_bytes} bytes)")
+        self._rotate()
 
     def _set_due(self) -> None:
         if not self._due:
@@ -499,6 +600,7 @@ class EventLogWriter:
         """A rotation the producer asked for (``first``: the new file's first
         record after the header), or, while broken, the attempt to resume."""
         gap = None
+        self._close_batch()  # the batch belongs to the file (and segment) before ``first``
         try:
             record = frame(self._encode(first)) if first is not None else None
             if record is not None and self._broken is not None and self._outage_lost:
@@ -593,6 +695,7 @@ class EventLogWriter:
         self._records_written += 1
 
     def _flush(self) -> None:
+        self._close_batch()
         self._unflushed = 0
         self._last_flush = time.monotonic()
         if self._file is not None and self._broken is None:
@@ -618,8 +721,13 @@ class EventLogWriter:
             with contextlib.suppress(OSError):
                 f.close()  # flushing again may fail; the descriptor is closed anyway
         self._unflushed = 0
+        for item in self._batch_items:
+            self._drop(item, item is _GAP_ITEM)
+        self._batch, self._batch_items, self._batch_bytes = [], [], 0
 
     def _close_file(self) -> None:
+        if self._broken is None and self._file is not None:
+            self._close_batch()
         f = self._file
         self._file = None
         if f is None:

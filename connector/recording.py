@@ -42,6 +42,17 @@ taken here, and only when a rotation is due: the writer raises
 batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
 the directory within ``max_total_bytes`` by deleting the oldest files.
+
+Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
+batch boundary, this thread also takes a snapshot that starts a new
+*segment* within the file, and before each snapshot (and the END) queues an
+INDEX item, which the writer thread turns into the ending segment's index
+(its steps and request ids) for ``replay explain``'s seeking. The writer
+thread encodes events in compact forms (window deltas, hash references)
+and deflates each flush's records into one BATCH record at
+``compress_level`` (0: plain, one frame per record); a file's snapshots
+after its first carry the stored keys as a delta. Cost of all this, on
+both threads: ``bench/bench_record.py``.
 After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it
 raises ``rotation_due`` as well, and the resumed file holds header, a GAP
@@ -64,11 +75,21 @@ from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
 from offload_fsm.events import Event, StepScheduled
 from offload_fsm.framing import frame
+from offload_fsm.logcompact import (
+    MAX_INDEX_REQUESTS,
+    Deflater,
+    WireContext,
+    compact_snapshot,
+    encode_batch,
+    encode_compact_inputs,
+    requests_of,
+)
 from offload_fsm.logformat import (
     DIGEST,
     END,
     GAP,
     HEADER,
+    INDEX,
     INPUTS,
     PUB_TOPIC,
     REJECTED,
@@ -79,17 +100,26 @@ from offload_fsm.logformat import (
     encode_end,
     encode_gap,
     encode_header,
+    encode_index,
     encode_inputs,
     encode_rejected,
     encode_snapshot,
 )
+from offload_fsm.logwire import wire
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
 
 __all__ = ["EventRecorder", "installed_versions"]
 
 _NEW_FILE = (HEADER,)
+_BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
+
+
+def _batchable(item: Any) -> bool:
+    """Headers, snapshots, indexes and the END go on their own (the reader
+    finds them without inflating anything)."""
+    return item[0] in _BATCHED
 
 
 def _events_of(item: Any) -> int:
@@ -130,6 +160,7 @@ class _Encoder:
         full_outcomes: bool,
         pub_endpoint: str,
         engine_index: int = 0,
+        compress_level: int = 6,
     ) -> None:
         self._config = config.to_wire()
         self._engine_index = engine_index
@@ -150,6 +181,23 @@ class _Encoder:
         self._noblock = 0
         self.pub_sent = 0
         self.pub_dropped = 0
+        # The segment (from a header or a snapshot): compact-form context,
+        # zlib stream, and what its INDEX will say.
+        self._wire_context = WireContext()
+        self._deflater = Deflater(compress_level)
+        self._compress_level = compress_level
+        self._segment_seq = 0
+        self._segment_step = 0
+        self._requests: set[str] | None = set()
+        self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
+
+    def pack(self, payloads: list[bytes]) -> bytes:
+        """The writer's batch: one BATCH record of the segment's zlib stream."""
+        return encode_batch(payloads, self._deflater)
+
+    def _start_segment(self) -> None:
+        self._wire_context.reset()
+        self._deflater.reset()
 
     def __call__(self, item: Any) -> bytes:
         kind = item[0]
@@ -162,9 +210,17 @@ class _Encoder:
         if kind == INPUTS:
             _, seq, wall_s, applied = item
             self._item_seq = seq
-            payload = encode_inputs(seq, round((wall_s - created) * 1000.0), applied,
-                                    full_outcomes=self._full)
+            wall_ms = round((wall_s - created) * 1000.0)
+            try:
+                payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
+                                                self._requests, full_outcomes=self._full)
+            except Exception:
+                self._requests = None  # a GAP takes its place; the context is part-way
+                raise
+            if self._pub_endpoint:  # subscribers join late: they get plain events
+                self._publish(encode_inputs(seq, wall_ms, applied, full_outcomes=self._full))
             self._next_seq = seq + len(applied)
+            return payload
         elif kind == DIGEST:
             _, seq, wall_s, digest = item
             if self._pub_endpoint:
@@ -177,6 +233,8 @@ class _Encoder:
             lost = item[1]
             first = self._next_seq - lost if after_snapshot else self._next_seq
             payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
+            if not after_snapshot:
+                self._requests = None  # the lost events named requests unknown
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
@@ -184,17 +242,38 @@ class _Encoder:
             _, seq, wall_s, event, reason = item
             self._item_seq = seq
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
+            self._add_requests(event)
             self._next_seq = seq + 1
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
-            _, seq, wall_s, digest, state = item
+            _, seq, wall_s, digest, state, step_index, periodic = item
             self._item_seq = self._next_seq = seq
-            return encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state)
+            self._start_segment()
+            self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
+            state, keys = compact_snapshot(state, self._snapshot_keys if periodic else None)
+            payload = encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state,
+                                      level=self._compress_level)
+            self._snapshot_keys = keys
+            return payload
+        elif kind == INDEX:
+            _, seq, wall_s, step_index = item
+            requests = self._requests
+            if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
+                requests = None
+            return encode_index(self._segment_seq, round((wall_s - created) * 1000.0),
+                                self._segment_step, seq, step_index, requests)
         else:
             payload = self._header()
+            self._start_segment()
+            if not after_snapshot:  # the file has no snapshot yet to refer to
+                self._snapshot_keys = None
         if self._pub_endpoint:
             self._publish(payload)
         return payload
+
+    def _add_requests(self, event: Event) -> None:
+        if self._requests is not None:
+            self._requests.update(requests_of(wire(event)))
 
     def _header(self) -> bytes:
         # created_s stays the run's start in every file, so the times of an
@@ -259,6 +338,8 @@ class EventRecorder:
         max_total_bytes: int | None = 1024 * 1024 * 1024,
         retry_interval_s: float = 1.0,
         register_atexit: bool = True,
+        snapshot_every: int = 10_000,
+        compress_level: int = 6,
     ) -> None:
         self._seq = 0
         self._batch: list[tuple[Event, Outcome]] = []
@@ -268,6 +349,8 @@ class EventRecorder:
         self._digest_every = digest_every
         self._next_digest = digest_every if digest_every > 0 else -1
         self._rejected = False  # a rejection poisoned the state: no more digests
+        self._snapshot_every = snapshot_every
+        self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
         self.snapshots = 0
         self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
@@ -276,7 +359,7 @@ class EventRecorder:
         if directory is None:
             return
         self._encoder = _Encoder(config, world_size, versions, digest_every, full_outcomes,
-                                 pub_endpoint, engine_index)
+                                 pub_endpoint, engine_index, compress_level)
         if prefix is None and engine_index:  # several engines share one directory
             prefix = f"{default_prefix()}-engine{engine_index}"
         self._writer = EventLogWriter(
@@ -292,6 +375,8 @@ class EventRecorder:
             item_events=_events_of,
             retry_interval_s=retry_interval_s,
             register_atexit=register_atexit,
+            pack=self._encoder.pack if compress_level else None,
+            batchable=_batchable,
         )
 
     @property
@@ -325,16 +410,29 @@ class EventRecorder:
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
             writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
-        if not self._batch and writer.rotation_due and not self._rejected:
+        if self._batch or self._rejected:
+            return
+        if writer.rotation_due:
             self._rotate(writer, state)
+        elif end >= self._next_snapshot > 0:
+            item = self._snapshot(writer, state, periodic=True)
+            if item is not None:
+                writer.append(item)
+                self.snapshots += 1
 
-    def _rotate(self, writer: EventLogWriter, state: State) -> None:
-        """At a batch boundary: the next file starts with a snapshot of ``state``."""
+    def _snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool = False
+                  ) -> tuple[Any, ...] | None:
+        """At a batch boundary: end the segment (its INDEX) and snapshot ``state``
+        to start the next; the next periodic one is ``snapshot_every`` events on."""
         started = time.perf_counter()
+        now = time.time()
+        writer.append((INDEX, self._seq, now, state.step_index))
+        self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
+                               else -1)
         item: tuple[Any, ...] | None
         try:
-            item = (SNAPSHOT, self._seq, time.time(), state_digest(state),
-                    snapshot.to_wire(state))
+            item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
+                    state.step_index, periodic)
         except Exception as error:  # a bug; the log goes on, that file needs its predecessors
             item = None
             if not self._warned_snapshot:
@@ -342,6 +440,11 @@ class EventRecorder:
                 _log.warning("event log: state snapshot failed (%r); files rotate without "
                              "one and do not replay alone", error)
         self.snapshot_s += time.perf_counter() - started
+        return item
+
+    def _rotate(self, writer: EventLogWriter, state: State) -> None:
+        """At a batch boundary: the next file starts with a snapshot of ``state``."""
+        item = self._snapshot(writer, state)
         if writer.rotate(item) and item is not None:
             self.snapshots += 1
 
@@ -396,7 +499,10 @@ class EventRecorder:
         self._writer = None
         self._flush_batch(writer)
         digest = state_digest(state) if state is not None and not self._rejected else ""
-        writer.append((END, self._seq, time.time(), digest))
+        now = time.time()
+        if state is not None:
+            writer.append((INDEX, self._seq, now, state.step_index))
+        writer.append((END, self._seq, now, digest))
         writer.close()
         if self._encoder is not None:
             self._encoder.close()

@@ -6,10 +6,17 @@ versions are brought up to date by ``logformat.UPCASTERS`` before any object
 is built. Events are built without the attrs ``__init__`` frame (the hot path
 of replay). Every failure is :class:`UnknownTag`, :class:`SchemaTooNew` or
 :class:`LogCorrupt`.
+
+:class:`LogDecoder` decodes one file in order and keeps what schema 4's
+compact forms need (``logcompact``): the segment's :class:`WireContext` and
+zlib stream, reset at a header or a snapshot. After damage (:meth:`LogDecoder.lose`)
+a reference or a batch of the same segment raises :class:`LogCorrupt`
+rather than decode against records that are gone.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -18,11 +25,14 @@ import msgpack
 from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.events import EVENT_TYPES, Event
+from offload_fsm.logcompact import Inflater, WireContext, expand_snapshot
 from offload_fsm.logformat import (
+    BATCH,
     DIGEST,
     END,
     GAP,
     HEADER,
+    INDEX,
     INPUTS,
     REJECTED,
     SCHEMA_VERSION,
@@ -32,6 +42,7 @@ from offload_fsm.logformat import (
     End,
     Gap,
     Header,
+    Index,
     Inputs,
     LogRecord,
     Rejected,
@@ -39,7 +50,6 @@ from offload_fsm.logformat import (
 )
 
 __all__ = ["LogDecoder", "decode_record"]
-
 
 
 def _make_builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
@@ -112,28 +122,46 @@ def _header_version(item: tuple[Any, ...]) -> int:
 _unpackb_options: Final = {"raw": False, "use_list": False, "strict_map_key": False}
 
 
-def decode_record(
-    payload: bytes, *, schema: int = SCHEMA_VERSION, created_s: float = 0.0
-) -> LogRecord:
-    """Decode one payload written under ``schema`` in a file whose header says
-    ``created_s``. A header decodes under its own version. Raises
-    :class:`UnknownTag`, :class:`SchemaTooNew` or :class:`LogCorrupt`."""
+def _unpack(payload: bytes) -> tuple[Any, ...]:
     try:
         item = msgpack.unpackb(payload, **_unpackb_options)
     except Exception as error:  # msgpack raises several unrelated types
         raise LogCorrupt(f"undecodable msgpack: {error}") from None
+    return _envelope(item)
+
+
+def _envelope(item: Any) -> tuple[Any, ...]:
     if not isinstance(item, tuple) or len(item) < 3:
         raise LogCorrupt(f"expected an envelope array, got {type(item).__name__}")
+    return item
+
+
+def decode_record(
+    payload: bytes, *, schema: int = SCHEMA_VERSION, created_s: float = 0.0,
+    context: WireContext | None = None,
+) -> LogRecord:
+    """Decode one payload (not a BATCH) written under ``schema`` in a file
+    whose header says ``created_s``; ``context``: its segment's, for compact
+    events (none: a fresh one). A header decodes under its own version.
+    Raises :class:`UnknownTag`, :class:`SchemaTooNew` or :class:`LogCorrupt`."""
+    return _decode_item(_unpack(payload), schema, created_s,
+                        context if context is not None else WireContext())
+
+
+def _decode_item(item: tuple[Any, ...], schema: int, created_s: float,
+                 context: WireContext) -> LogRecord:
     if item[0] == HEADER:
         schema = _header_version(item)
     elif schema > SCHEMA_VERSION:
         raise SchemaTooNew(schema, SCHEMA_VERSION)
+    elif item[0] == BATCH:
+        raise LogCorrupt("a batch inside a batch, or outside a LogDecoder")
     if schema != SCHEMA_VERSION:
         item = _upcast(item, schema)
-    return _build(item, created_s)
+    return _build(item, created_s, context if schema >= 4 else None)
 
 
-def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
+def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None) -> LogRecord:
     kind, seq, wall = item[0], item[1], item[2]
     if not isinstance(seq, int) or not isinstance(wall, int | float):
         raise LogCorrupt(f"bad envelope {item[:3]!r}")
@@ -142,7 +170,10 @@ def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
             rest = item[3:]
             if len(rest) % 2:
                 raise LogCorrupt("INPUTS record with an odd number of items")
-            events = tuple(map(_event, rest[0::2]))
+            wires = rest[0::2]
+            if context is not None:
+                wires = tuple(map(context.expand, wires))
+            events = tuple(map(_event, wires))
             return Inputs(seq=seq, wall_time_s=created_s + wall / 1000.0, events=events,
                           checks=rest[1::2])
         if kind == DIGEST:
@@ -161,15 +192,30 @@ def _build(item: tuple[Any, ...], created_s: float) -> LogRecord:
                             event=_event(event), reason=reason)
         if kind == SNAPSHOT:
             digest, state = item[3:]
+            if isinstance(state, bytes):
+                state = _inflated_state(state)
             if not isinstance(digest, str) or not isinstance(state, tuple):
                 raise LogCorrupt("SNAPSHOT record without a digest and a state")
             return Snapshot(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest,
                             state=state)
+        if kind == INDEX:
+            first_step, end_seq, end_step, requests = item[3:]
+            return Index(seq=seq, wall_time_s=created_s + wall / 1000.0,
+                         first_step=first_step, end_seq=end_seq, end_step=end_step,
+                         requests=requests)
         if kind == HEADER:
             return _header(seq, wall, item[3])
     except (ValueError, KeyError, TypeError) as error:
         raise LogCorrupt(f"record kind {kind}: {error!r}") from None
     raise UnknownTag(kind)
+
+
+def _inflated_state(data: bytes) -> Any:
+    try:
+        raw = zlib.decompress(data)
+    except zlib.error as error:
+        raise LogCorrupt(f"SNAPSHOT state does not inflate: {error}") from None
+    return msgpack.unpackb(raw, **_unpackb_options)
 
 
 def _header(seq: int, wall: float, body: dict[str, Any]) -> Header:
@@ -186,20 +232,73 @@ def _header(seq: int, wall: float, body: dict[str, Any]) -> Header:
 
 class LogDecoder:
     """Decodes the payloads of one file in order: the header sets the schema
-    version and time base for the records after it."""
+    version and time base for the records after it; a header or a snapshot
+    starts a segment (see the module docstring)."""
 
-    __slots__ = ("schema", "created_s", "header")
+    __slots__ = ("schema", "created_s", "header", "context", "inflater", "keys")
 
     def __init__(self) -> None:
         self.schema = SCHEMA_VERSION
         self.created_s = 0.0
         self.header: Header | None = None
+        self.context = WireContext()
+        self.inflater = Inflater()
+        self.keys: tuple[Any, ...] | None = None  # the file's last snapshot's stored keys
+
+    def lose(self) -> None:
+        """Records were lost (damage): the segment's references are broken."""
+        self.context.lose()
 
     def decode(self, payload: bytes) -> LogRecord:
-        record = decode_record(payload, schema=self.schema, created_s=self.created_s)
-        if type(record) is Header:
+        """One record; a BATCH payload must hold exactly one (see :meth:`decode_all`)."""
+        records = self.decode_all(payload)
+        if len(records) != 1:
+            raise LogCorrupt(f"expected one record, the batch holds {len(records)}")
+        return records[0]
+
+    def decode_all(self, payload: bytes) -> list[LogRecord]:
+        """The records of one payload: itself, or a BATCH's in order."""
+        item = _unpack(payload)
+        if item[0] != BATCH or self.schema < 4:
+            return [self._one(item)]
+        if not self.context.intact:
+            raise LogCorrupt("a batch after records of its segment were lost")
+        try:
+            (data,) = item[3:]
+            inner = self.inflater.items(data)
+        except (ValueError, TypeError) as error:
+            self.lose()
+            raise LogCorrupt(f"bad batch: {error!r}") from None
+        except LogCorrupt:
+            self.lose()
+            raise
+        out = []
+        for each in inner:
+            try:
+                out.append(self._one(_envelope(each)))
+            except LogCorrupt:
+                self.lose()
+                raise
+        return out
+
+    def _one(self, item: tuple[Any, ...]) -> LogRecord:
+        record = _decode_item(item, self.schema, self.created_s, self.context)
+        kind = type(record)
+        if kind is Header:
+            assert isinstance(record, Header)
             self.header = record
             self.schema = record.schema
             self.created_s = record.created_s
+            self.context.reset()
+            self.inflater.reset()
+            self.keys = None
+        elif kind is Snapshot:
+            assert isinstance(record, Snapshot)
+            self.context.reset()
+            self.inflater.reset()
+            if self.schema >= 4:
+                state, self.keys = expand_snapshot(record.state, self.keys)
+                record = Snapshot(seq=record.seq, wall_time_s=record.wall_time_s,
+                                  digest=record.digest, state=state)
         return record
 

@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 3).
+"""Event-log record format: envelopes around pure domain facts (schema 4).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``logdecode`` turns bytes
@@ -18,7 +18,11 @@ DIGEST      3    ``digest``: ``codec.state_digest`` after event ``seq`` was appl
 GAP         4    ``lost_count``: events lost from ``seq`` on (writer overload, I/O error)
 END         5    ``events_total, digest``: clean shutdown (digest ``""`` if unknown)
 REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schema 2)
-SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3)
+SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3;
+                 in schema 4 ``state`` may be the zlib-deflated msgpack of it)
+BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``logcompact``)
+INDEX       9    ``first_step, end_seq, end_step, requests``: the segment from event
+                 ``seq`` (schema 4, see :class:`Index`)
 ==========  ===  =====================================================================
 
 A SNAPSHOT is ``snapshot.to_wire(state)`` with its ``codec.state_digest``. The
@@ -55,22 +59,30 @@ of that version to the next), before any object is built. A changed field
 list of an event, decision or command is a new schema version plus an
 upcaster; tags stay. Schema 2 added the REJECTED kind; a schema 1 record
 is a valid schema 2 record, so its upcaster is the identity. Schema 3 added
-the SNAPSHOT kind, again the identity for older records.
+the SNAPSHOT kind, again the identity for older records. Schema 4 added the
+compact forms of :mod:`offload_fsm.logcompact` (window deltas, hash
+references, BATCH) and the INDEX kind; a plain record is a valid compact
+one, so its upcaster is the identity too.
 """
 
 from __future__ import annotations
 
-import operator
-import threading
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
-import msgpack
 
-from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES, _TYPES, Message
 from offload_fsm.events import Event
+from offload_fsm.logwire import (
+    _WIRE,
+    OutcomeWire,
+    _packb,
+    outcome_check,
+    outcome_wire,
+    wire,
+    wire_check,
+)
 from offload_fsm.machine import Outcome
 
 __all__ = [
@@ -83,7 +95,10 @@ __all__ = [
     "REJECTED",
     "SCHEMA_VERSION",
     "SNAPSHOT",
+    "BATCH",
+    "INDEX",
     "UPCASTERS",
+    "Index",
     "Digest",
     "End",
     "Gap",
@@ -97,6 +112,7 @@ __all__ = [
     "encode_end",
     "encode_gap",
     "encode_header",
+    "encode_index",
     "encode_inputs",
     "encode_record",
     "encode_rejected",
@@ -107,7 +123,7 @@ __all__ = [
     "wire_check",
 ]
 
-SCHEMA_VERSION: Final[int] = 3
+SCHEMA_VERSION: Final[int] = 4
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
@@ -116,12 +132,11 @@ GAP: Final[int] = 4
 END: Final[int] = 5
 REJECTED: Final[int] = 6  # added in schema 2
 SNAPSHOT: Final[int] = 7  # added in schema 3
+BATCH: Final[int] = 8  # added in schema 4
+INDEX: Final[int] = 9  # added in schema 4
 
 PUB_TOPIC: Final[bytes] = b"lolog"
 """The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
-
-OutcomeWire = tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]
-
 
 def _upcast_v1_v2(item: tuple[Any, ...]) -> tuple[Any, ...]:
     """Schema 2 only added the REJECTED kind, which v1 files never contain."""
@@ -133,9 +148,15 @@ def _upcast_v2_v3(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
+def _upcast_v3_v4(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 4 added compact forms and kinds; a schema 3 record is a plain one."""
+    return item
+
+
 UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     1: _upcast_v1_v2,
     2: _upcast_v2_v3,
+    3: _upcast_v3_v4,
 }
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""
@@ -219,77 +240,22 @@ class Snapshot:
     state: tuple[Any, ...]
 
 
-LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot
+@attrs.frozen(kw_only=True)
+class Index:
+    """What a segment (events ``seq`` to ``end_seq - 1``, from a header or a
+    snapshot to the next) holds: the token steps it spans (``state.step_index``
+    before its first event and after its last) and every request id its
+    events name, or None when unknown (events were lost, or too many)."""
+
+    seq: int
+    wall_time_s: float
+    first_step: int
+    end_seq: int
+    end_step: int
+    requests: tuple[str, ...] | None
 
 
-# --------------------------------------------------------------------------
-# Fast wire conversion (same result as ``codec.to_wire``, without attrs.astuple).
-
-
-def _make_wire(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
-    tag = cls.TAG
-    names = _FIELD_NAMES[tag]
-    enum_at = tuple(index for index, _ in _ENUM_FIELDS[tag])
-    if not names:
-        empty = (tag,)
-        return lambda message: empty
-    get = operator.attrgetter(*names)
-    if len(names) == 1:
-        if enum_at:
-            return lambda message: (tag, getattr(message, names[0]).value)
-        return lambda message: (tag, get(message))
-    if enum_at:
-        def convert(message: Any) -> tuple[Any, ...]:
-            values = list(get(message))
-            for index in enum_at:
-                values[index] = values[index].value
-            return (tag, *values)
-        return convert
-    return lambda message: (tag, *get(message))
-
-
-_WIRE: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {
-    cls: _make_wire(cls) for cls in _TYPES.values()
-}
-
-
-def wire(message: Message) -> tuple[Any, ...]:
-    """``codec.to_wire(message)``, faster."""
-    return _WIRE[type(message)](message)
-
-
-def outcome_wire(outcome: Outcome) -> OutcomeWire:
-    table = _WIRE
-    return (
-        tuple(table[type(d)](d) for d in outcome.decisions),
-        tuple(table[type(c)](c) for c in outcome.commands),
-    )
-
-
-_local: Final = threading.local()  # msgpack.Packer is not thread-safe
-_crc32: Final = zlib.crc32
-
-
-def _packb(obj: Any) -> bytes:
-    try:
-        pack = _local.pack
-    except AttributeError:
-        pack = _local.pack = msgpack.Packer(use_bin_type=True).pack
-    return pack(obj)  # type: ignore[no-any-return]
-
-
-def outcome_check(outcome: Outcome) -> int:
-    """0 for an empty outcome, else a non-zero CRC32 of its packed wire form."""
-    if not outcome.decisions and not outcome.commands:
-        return 0
-    return _crc32(_packb(outcome_wire(outcome))) or 1
-
-
-def wire_check(value: OutcomeWire) -> int:
-    """:func:`outcome_check` of an outcome given in wire form."""
-    if not value[0] and not value[1]:
-        return 0
-    return _crc32(_packb(value)) or 1
+LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index
 
 
 # --------------------------------------------------------------------------
@@ -350,8 +316,17 @@ def encode_rejected(seq: int, wall_ms: int, event: Event, reason: str) -> bytes:
     return _packb((REJECTED, seq, wall_ms, wire(event), reason))
 
 
-def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...]) -> bytes:
-    return _packb((SNAPSHOT, seq, wall_ms, digest, state))
+def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...],
+                    *, level: int = 0) -> bytes:
+    """With ``level`` (schema 4) the state travels deflated at that zlib level."""
+    body = zlib.compress(_packb(state), level) if level else state
+    return _packb((SNAPSHOT, seq, wall_ms, digest, body))
+
+
+def encode_index(seq: int, wall_ms: int, first_step: int, end_seq: int, end_step: int,
+                 requests: Iterable[str] | None) -> bytes:
+    listed = None if requests is None else tuple(sorted(requests))
+    return _packb((INDEX, seq, wall_ms, first_step, end_seq, end_step, listed))
 
 
 def encode_record(record: LogRecord, *, created_s: float) -> bytes:
@@ -373,4 +348,7 @@ def encode_record(record: LogRecord, *, created_s: float) -> bytes:
         return encode_rejected(record.seq, ms, record.event, record.reason)
     if isinstance(record, Snapshot):
         return encode_snapshot(record.seq, ms, record.digest, record.state)
+    if isinstance(record, Index):
+        return encode_index(record.seq, ms, record.first_step, record.end_seq,
+                            record.end_step, record.requests)
     return encode_end(record.seq, ms, record.events_total, record.digest)

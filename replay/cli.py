@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from replay import diff as diff_mod
 from replay import explain as explain_mod
+from replay import seek
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
@@ -48,8 +49,15 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--workers", type=int, default=1,
                          help="replay the run's files on N processes (0: one per core); each "
                               "file starts from its own snapshot, the seams are checked")
-    command = log_command("explain", "the story of one request's store ops")
-    command.add_argument("--request", required=True, help="request id")
+    command = log_command("explain", "the story of one request's store ops, or of one "
+                                     "token step; starts from the nearest snapshot the "
+                                     "log's index allows")
+    which = command.add_mutually_exclusive_group(required=True)
+    which.add_argument("--request", help="request id")
+    which.add_argument("--at", type=int, metavar="STEP",
+                       help="a token step (state.step_index, as explain prints it)")
+    command.add_argument("--no-index", action="store_true",
+                         help="replay from the beginning (the index is not used)")
     command.add_argument("--tokens", help="only ops overlapping START:END")
     command.add_argument("--verbose", action="store_true",
                          help="print every block id (default: count and ranges)")
@@ -196,15 +204,30 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     tokens = _tokens(args.tokens)
-    observer = explain_mod.ExplainObserver(args.request, verbose=args.verbose)
-    result = replay(args.log, prefix=args.prefix, observer=observer)
-    data = observer.to_json(tokens)
+    notes: list[str] = []
+    if args.at is not None:
+        if args.at < 0:
+            raise UsageError(f"--at {args.at}: expected a token step >= 0")
+        steps = explain_mod.StepObserver(args.at, verbose=args.verbose)
+        result = (replay(args.log, prefix=args.prefix, observer=steps) if args.no_index else
+                  seek.replay_at_step(args.log, args.prefix, args.at, steps, notes))
+        data = steps.to_json()
+        text = explain_mod.format_step(data)
+    else:
+        observer = explain_mod.ExplainObserver(args.request, verbose=args.verbose)
+        result = (replay(args.log, prefix=args.prefix, observer=observer) if args.no_index
+                  else seek.explain_request(args.log, args.prefix, args.request, observer,
+                                            notes))
+        data = observer.to_json(tokens)
+        text = explain_mod.format_story(data, args.verbose)
     if args.json:
         json.dump(data, out, indent=2, default=list)
         out.write("\n")
     else:
-        print(explain_mod.format_story(data, args.verbose), file=out)
+        print(text, file=out)
     code = _report_damage(result, err)
+    for note in notes:
+        print(f"note: {note}", file=err)
     _warn_rejected(result, err)
     if result.divergence is not None:
         print(f"warning: replay diverged at seq {result.divergence.seq}; the story stops "

@@ -26,7 +26,9 @@ decoded when the log carries full outcomes (``full_outcomes`` header flag,
 as ``whatif --out`` writes), else recomputed by replaying the one file that
 holds it with this code (and marked as matching the recorded check or not),
 else the check alone. Then the ledgers: each side's final counters, from a
-replay of its last file only (which starts from that file's snapshot).
+replay of its last file only (which starts from that file's snapshot). Both
+replays start from the file's last segment (snapshot) before the event or
+the end (``replay.seek``).
 
 Exit codes (``replay diff``): 0 identical, 1 diverged, 3 damage in either log.
 """
@@ -34,6 +36,8 @@ Exit codes (``replay diff``): 0 identical, 1 diverged, 3 damage in either log.
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +47,11 @@ import msgpack
 from offload_fsm.codec import from_wire
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.events import Event
-from offload_fsm.framing import HEADER_BYTES, Damage, scan_stream
+from offload_fsm.framing import Damage, scan_stream
+from offload_fsm.logcompact import Inflater
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logformat import (
+    BATCH,
     DIGEST,
     END,
     HEADER,
@@ -61,9 +67,10 @@ from offload_fsm.logformat import (
 )
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
-from replay.reader import Chunk, input_chunk, run_files
+from replay import seek
+from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
 from replay.reader import payload_kind as _kind
-from replay.runner import replay
+from replay.runner import ReplayResult, replay
 
 __all__ = ["DiffResult", "Side", "diff_logs", "format_diff", "scan_digests", "to_json"]
 
@@ -84,43 +91,80 @@ class Digests:
 
 def scan_digests(path: str | os.PathLike[str], prefix: str | None = None) -> Digests:
     """Pass 1: every state digest of the run, keyed by the last event applied
-    before it, and where each file starts; INPUTS payloads are not decoded."""
+    before it, and where each file starts; INPUTS payloads are not decoded
+    (a schema 4 batch is inflated, not decoded)."""
     out = Digests()
     for file in run_files(path, prefix):
-        decoder = LogDecoder()
-        with open(file, "rb") as stream:
-            for item in scan_stream(stream):
-                if isinstance(item, Damage):
-                    out.damage.append(f"{file}@{item.offset}: {item.kind.value}: {item.detail}")
-                    continue
-                kind = _kind(item.payload)
-                if kind == INPUTS:
-                    chunk = input_chunk(str(file), item.offset, item.payload)
-                    if chunk is not None:
-                        out.chunks.append(chunk)
-                        out.events_seen = chunk.end_seq
-                        continue
-                if kind == SNAPSHOT:
-                    seq, digest = _peek_snapshot(item.payload)
-                    out.digests[seq - 1] = digest
-                    continue
-                if kind not in (HEADER, DIGEST, END):
-                    continue
-                try:
-                    record = decoder.decode(item.payload)
-                except LogCorrupt as error:
-                    out.damage.append(f"{file}@{item.offset}: {error}")
-                    continue
-                if type(record) is Header:
-                    out.header = out.header or record
-                    out.file_starts.append((record.seq, file))
-                elif type(record) is Digest and record.digest:
-                    out.digests[record.seq] = record.digest
-                elif type(record) is End:
-                    out.events_total = record.events_total
-                    if record.digest:
-                        out.digests[record.seq - 1] = record.digest
+        _scan_file(out, file)
     return out
+
+
+def _scan_file(out: Digests, file: Path) -> None:
+    decoder = LogDecoder()
+    inflater = Inflater()
+    segment, chain, broken = 0, None, False
+    with open(file, "rb") as stream:
+        for item in scan_stream(stream):
+            if isinstance(item, Damage):
+                out.damage.append(f"{file}@{item.offset}: {item.kind.value}: {item.detail}")
+                broken = True
+                continue
+            kind = _kind(item.payload)
+            payloads = [item.payload]
+            if kind == BATCH and not broken:
+                try:
+                    payloads = inflater.payloads(msgpack.unpackb(item.payload)[3])
+                except (LogCorrupt, ValueError, TypeError, IndexError) as error:
+                    out.damage.append(f"{file}@{item.offset}: {error}")
+                    broken = True
+                    continue
+            elif kind == BATCH or (broken and chain is not None and kind == INPUTS):
+                # Compact forms after damage in their segment do not decode.
+                out.damage.append(f"{file}@{item.offset}: a record after damage in its segment")
+                continue
+            for index, payload in enumerate(payloads):
+                chunk = _scan_payload(out, decoder, file, item.offset, payload, chain=chain,
+                                      index=index, segment=segment)
+                if chunk is not None and chain is not None:
+                    chain = chunk.key
+            if kind in (SNAPSHOT, HEADER):  # a segment starts; its first event seeds the chain
+                segment, broken = item.offset, False
+                first = (_peek_snapshot(item.payload)[0] if kind == SNAPSHOT else
+                         decoder.header.seq if decoder.header is not None else 0)
+                chain = zlib.crc32(b"%d" % first) if decoder.schema >= 4 else None
+                inflater.reset()
+
+
+def _scan_payload(out: Digests, decoder: LogDecoder, file: Path, offset: int, payload: bytes,
+                  **where: Any) -> Chunk | None:
+    kind = _kind(payload)
+    if kind == INPUTS:
+        chunk = input_chunk(str(file), offset, payload, **where)
+        if chunk is not None:
+            out.chunks.append(chunk)
+            out.events_seen = chunk.end_seq
+            return chunk
+    if kind == SNAPSHOT:
+        seq, digest = _peek_snapshot(payload)
+        out.digests[seq - 1] = digest
+        return None
+    if kind not in (HEADER, DIGEST, END):
+        return None
+    try:
+        record = decoder.decode(payload)
+    except LogCorrupt as error:
+        out.damage.append(f"{file}@{offset}: {error}")
+        return None
+    if type(record) is Header:
+        out.header = out.header or record
+        out.file_starts.append((record.seq, file))
+    elif type(record) is Digest and record.digest:
+        out.digests[record.seq] = record.digest
+    elif type(record) is End:
+        out.events_total = record.events_total
+        if record.digest:
+            out.digests[record.seq - 1] = record.digest
+    return None
 
 
 def _peek_snapshot(payload: bytes) -> tuple[int, str]:
@@ -179,35 +223,34 @@ _Item = tuple[int, Event, Any]
 
 
 class _Chunks:
-    """Random access to one log's INPUTS records by their index entry."""
+    """Access to one log's INPUTS records by their index entry: a reader per
+    file, reading on from the entry's segment start (compact forms decode
+    only in order), reused while the entries come in order."""
 
     def __init__(self) -> None:
-        self.decoders: dict[Path, LogDecoder] = {}
-        self.streams: dict[Path, Any] = {}
+        # per file: the reader, and the (offset, index) of the last record it gave
+        self.readers: dict[Path, tuple[Iterator[Entry | LogDamage], list[int]]] = {}
 
     def decode(self, chunk: Chunk) -> list[_Item]:
         path = Path(chunk.path)
-        stream = self.streams.get(path)
-        if stream is None:
-            stream = self.streams[path] = open(path, "rb")  # noqa: SIM115 (closed in close)
-            decoder = self.decoders[path] = LogDecoder()
-            decoder.decode(_frame_at(stream, 0))  # the header: schema and time base
-        record = self.decoders[path].decode(_frame_at(stream, chunk.offset))
-        assert type(record) is Inputs, record
-        return [(record.seq + i, event, check) for i, (event, check)
-                in enumerate(zip(record.events, record.checks, strict=True))]
+        reader = self.readers.get(path)
+        if reader is None or tuple(reader[1]) >= (chunk.offset, chunk.index):
+            reader = self.readers[path] = (read_file(path, start_offset=chunk.segment), [-1, -1])
+        entries, at = reader
+        for entry in entries:
+            if isinstance(entry, LogDamage):
+                continue
+            index = at[1] + 1 if entry.offset == at[0] else 0
+            at[0], at[1] = entry.offset, index
+            if (entry.offset, index) == (chunk.offset, chunk.index):
+                record = entry.record
+                assert type(record) is Inputs, record
+                return [(record.seq + i, event, check) for i, (event, check)
+                        in enumerate(zip(record.events, record.checks, strict=True))]
+        raise LogCorrupt(f"{path}@{chunk.offset}: record {chunk.index} not found")
 
     def close(self) -> None:
-        for stream in self.streams.values():
-            stream.close()
-
-
-def _frame_at(stream: Any, offset: int) -> bytes:
-    stream.seek(offset)
-    head = stream.read(HEADER_BYTES)
-    length = int.from_bytes(head[4:8], "little")
-    payload: bytes = stream.read(length)
-    return payload
+        self.readers.clear()
 
 
 def _same_check(x: Any, y: Any) -> bool:
@@ -372,7 +415,8 @@ def _file_of(scanned: Digests, seq: int) -> Path | None:
 
 
 def _recompute(scanned: Digests, seq: int) -> Outcome | None:
-    """The outcome of event ``seq`` under this code: a replay of its file alone."""
+    """The outcome of event ``seq`` under this code: a replay of its file
+    alone, from the last segment (snapshot) before it."""
     file = _file_of(scanned, seq)
     if file is None:
         return None
@@ -382,14 +426,22 @@ def _recompute(scanned: Digests, seq: int) -> Outcome | None:
         if at == seq:
             found.append(outcome)
 
-    replay(file, observer=observer)
+    _replay_tail(file, seq, observer, lambda fold: fold.next_seq > seq)
     return found[0] if found else None
+
+
+def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResult:
+    """Replay ``file`` from its last segment starting at or before ``seq``
+    (``replay.seek``; the whole file where none restores)."""
+    starts = [s for s in seek.segments(file) if s.seq <= seq]
+    result = (seek.replay_from([file], starts[-1], observer, until) if starts else None)
+    return result if result is not None else replay(file, observer=observer)
 
 
 def _final_counters(scanned: Digests) -> dict[str, int]:
     if not scanned.file_starts:
         return {}
-    result = replay(scanned.file_starts[-1][1])
+    result = _replay_tail(scanned.file_starts[-1][1], 1 << 62, None, lambda fold: False)
     if result.state is None:
         return {}
     return {name.value: value for name, value in result.state.counters.items()}

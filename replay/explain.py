@@ -1,4 +1,5 @@
-"""``explain``: the causal story of one request's store ops, from a replay.
+"""``explain``: the causal story of one request's store ops, or of one token
+step, from a replay (started where ``replay.seek`` allows).
 
 :class:`ExplainObserver` follows one request id through a fold and records,
 per store op (one offered chunk ``[start, end)`` of one generation of the
@@ -8,6 +9,10 @@ and depth), which block was reallocated and to whom (the request whose
 offered chunk next used that block id, when the log shows one), why it was
 rejected, held, dropped, skipped as stale or submitted, and the receipts
 per worker. It also keeps a chronological list of every line.
+
+:class:`StepObserver` keeps every event of one token step (from its
+``StepScheduled`` to the next), with what the core decided and commanded,
+and the state after it.
 
 Block lists are summarised (:func:`blocks_text`: ``blocks=12 [40-47, 90-93]``,
 sorted runs of consecutive ids, at most a few runs shown); with ``verbose``
@@ -309,4 +314,62 @@ def format_story(data: dict[str, Any], verbose: bool = False) -> str:
         lines.append(f"  [{op['start_token']}, {op['end_token']}){gen}: buffered at step "
                      f"{op['buffered_step']} on {blocks_text(op['block_ids'], verbose)}{risk} "
                      f"-> {outcome}")
+    return "\n".join(lines)
+
+
+def brief(message: object, verbose: bool = False) -> str:
+    """``Name(field=value, ...)`` with id lists summarised as ranges."""
+    parts = []
+    for field in attrs.fields(type(message)):  # type: ignore[arg-type]  # events etc.
+        value = getattr(message, field.name)
+        if isinstance(value, tuple) and len(value) > RUNS_SHOWN and all(
+                type(v) is int for v in value):
+            text = f"{len(value)} {ranges_text(value, verbose)}"
+        elif isinstance(value, tuple) and len(value) > RUNS_SHOWN and not verbose:
+            text = f"{len(value)} items"
+        else:
+            text = repr(getattr(value, "value", value))
+        parts.append(f"{field.name}={text}")
+    return f"{type(message).__name__}({', '.join(parts)})"
+
+
+class StepObserver:
+    """Every event of token step ``step_index`` (see the module docstring)."""
+
+    def __init__(self, step_index: int, *, verbose: bool = False) -> None:
+        self.step_index = step_index
+        self.verbose = verbose
+        self.events: list[dict[str, Any]] = []
+        self.after: dict[str, Any] = {}
+
+    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        if state.step_index != self.step_index:
+            return
+        self.events.append({
+            "seq": seq, "event": brief(event, self.verbose),
+            "decisions": [brief(d, self.verbose) for d in outcome.decisions],
+            "commands": [brief(c, self.verbose) for c in outcome.commands],
+        })
+        self.after = {
+            "depth_blocks": state.depth_blocks, "requests": len(state.requests),
+            "buffered_ops": sum(len(rec.ops) for rec in state.requests.values()),
+            "batches_in_flight": len(state.batches), "pinned_blocks": len(state.pins),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step_index, "found": bool(self.events), "events": self.events,
+                "state_after": self.after}
+
+
+def format_step(data: dict[str, Any]) -> str:
+    if not data["found"]:
+        return f"token step {data['step']} is not in the log"
+    lines = [f"token step {data['step']}:"]
+    for item in data["events"]:
+        lines.append(f"  seq {item['seq']:>8}  {item['event']}")
+        lines += [f"{'':16}decided {text}" for text in item["decisions"]]
+        lines += [f"{'':16}commanded {text}" for text in item["commands"]]
+    after = data["state_after"]
+    lines.append("after it: " + ", ".join(f"{key.replace('_', ' ')} {value}"
+                                          for key, value in after.items()))
     return "\n".join(lines)

@@ -13,18 +13,20 @@ schema and reported as ``missing_header``. Nothing is ever silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import attrs
 
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
-from offload_fsm.framing import HEADER_BYTES, Damage, scan_stream
+from offload_fsm.framing import HEADER_BYTES, Damage, Record, scan_stream
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
-from offload_fsm.logformat import Header, LogRecord
+from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
 
 
 @attrs.frozen(kw_only=True)
@@ -82,20 +84,26 @@ def run_files(path: str | os.PathLike[str], prefix: str | None = None) -> list[P
     return sorted(files, key=lambda file: file_sort_key(file.name))
 
 
-def read_file(path: str | os.PathLike[str]) -> Iterator[Entry | LogDamage]:
+def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
+              ) -> Iterator[Entry | LogDamage]:
+    """The entries and damage of one file. With ``start_offset`` (a segment's
+    first record: a snapshot) the header is read first, then the records from
+    that offset on (the header's entry is yielded too)."""
     name = str(path)
     decoder = LogDecoder()
-    decode = decoder.decode
+    decode_all = decoder.decode_all
     first = True
     with open(path, "rb") as stream:
-        for item in scan_stream(stream):
+        for item in _frames(stream, start_offset, decoder):
             if isinstance(item, Damage):
+                decoder.lose()
                 yield LogDamage(path=name, offset=item.offset, kind=item.kind.value,
                                 length_bytes=item.length_bytes, detail=item.detail)
                 continue
             try:
-                record = decode(item.payload)
+                records = decode_all(item.payload)
             except LogCorrupt as error:
+                decoder.lose()
                 kind = ("unknown_tag" if isinstance(error, UnknownTag) else
                         "schema_too_new" if isinstance(error, SchemaTooNew) else "undecodable")
                 yield LogDamage(path=name, offset=item.offset, kind=kind,
@@ -103,12 +111,40 @@ def read_file(path: str | os.PathLike[str]) -> Iterator[Entry | LogDamage]:
                 if isinstance(error, SchemaTooNew):
                     return  # nothing after a too-new header can be trusted
                 continue
-            if first and type(record) is not Header:
+            if first and type(records[0]) is not Header:
                 yield LogDamage(path=name, offset=item.offset, kind="missing_header",
                                 length_bytes=0,
                                 detail="the file does not start with a header record")
             first = False
-            yield Entry(path=name, offset=item.offset, record=record)
+            for record in records:
+                yield Entry(path=name, offset=item.offset, record=record)
+
+
+def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
+            ) -> Iterator[Record | Damage]:
+    """The file's frames; from ``start_offset`` after the first (the header).
+    The snapshots between go to ``decoder`` unseen: a snapshot's stored keys
+    may be a delta against the one before (``logcompact``)."""
+    if not start_offset:
+        yield from scan_stream(stream)
+        return
+    header = True
+    for item in scan_stream(stream):
+        if header:
+            yield item
+            header = not isinstance(item, Record)
+            continue
+        if isinstance(item, Record) and item.offset >= start_offset:
+            break
+        if isinstance(item, Record) and payload_kind(item.payload) == SNAPSHOT:
+            with contextlib.suppress(LogCorrupt):
+                decoder.decode(item.payload)
+    stream.seek(start_offset)
+    for item in scan_stream(stream):
+        if isinstance(item, Record):
+            yield Record(item.offset + start_offset, item.payload)
+        else:
+            yield Damage(item.offset + start_offset, item.kind, item.length_bytes, item.detail)
 
 
 def read_log(
@@ -130,13 +166,19 @@ _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xCA: 4, 0xCB: 8}
 class Chunk:
     """An INPUTS record located, not decoded: events ``first_seq`` to
     ``end_seq - 1``, and ``key``, a CRC32 of its body after the envelope's
-    wall clock, so equal keys mean equal events and checks."""
+    wall clock, so equal keys mean equal events and checks. In a schema 4
+    file the record is number ``index`` of the frame at ``offset`` (a batch),
+    in the segment whose first frame is at ``segment``, and the key is
+    chained over the segment's records from its first event: compact forms
+    are equal bytes for equal events only after equal records."""
 
     path: str
     offset: int
     first_seq: int
     end_seq: int
     key: int
+    index: int = 0
+    segment: int = 0
 
 
 def payload_kind(payload: bytes) -> int:
@@ -161,8 +203,10 @@ def _uint(payload: bytes, at: int) -> tuple[int, int]:
     return int.from_bytes(payload[at + 1 : at + 1 + size], "big"), at + 1 + size
 
 
-def input_chunk(path: str, offset: int, payload: bytes) -> Chunk | None:
-    """The :class:`Chunk` of an INPUTS payload (None if its envelope is odd)."""
+def input_chunk(path: str, offset: int, payload: bytes, *, index: int = 0, segment: int = 0,
+                chain: int | None = None) -> Chunk | None:
+    """The :class:`Chunk` of an INPUTS payload (None if its envelope is odd);
+    ``chain``: the key it continues (see :class:`Chunk`)."""
     try:
         first = payload[0]
         if 0x90 <= first <= 0x9F:
@@ -178,5 +222,7 @@ def input_chunk(path: str, offset: int, payload: bytes) -> Chunk | None:
         _, at = _uint(payload, at)  # the wall clock: not part of the key
     except (IndexError, KeyError):
         return None
+    body = memoryview(payload)[at:]
+    key = zlib.crc32(body) if chain is None else zlib.crc32(body, chain)
     return Chunk(path=path, offset=offset, first_seq=seq, end_seq=seq + (items - 3) // 2,
-                 key=zlib.crc32(memoryview(payload)[at:]))
+                 key=key, index=index, segment=segment)

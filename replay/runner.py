@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -48,6 +49,7 @@ from offload_fsm.logformat import (
     End,
     Gap,
     Header,
+    Index,
     Inputs,
     LogRecord,
     Rejected,
@@ -389,6 +391,7 @@ _ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
     Gap: _Fold.on_gap,
     Rejected: _Fold.on_rejected,
     Snapshot: _Fold.on_snapshot,
+    Index: lambda fold, record: None,  # for seeking (replay.seek), nothing to check
 }
 
 
@@ -406,14 +409,29 @@ class _FilePart:
     end_digest: str
 
 
-def _replay_file(path: str) -> _FilePart:
-    result = replay(path)
+def _replay_file(unit: tuple[str, int, int, str]) -> _FilePart:
+    """One unit of a parallel verify: a file, or (schema 4) one of its
+    segments, from byte ``offset`` (a snapshot) to event ``end_seq``
+    (-1: the file's end); ``digest``: that snapshot's."""
+    from replay import seek
+
+    path, offset, end_seq, digest = unit
+    if offset == 0 and end_seq < 0:
+        result = replay(path)
+    else:
+        segment = seek.Segment(path=Path(path), offset=offset, seq=-1)
+        seeked = seek.replay_from([Path(path)], segment, None,
+                                  lambda fold: 0 <= end_seq <= fold.next_seq)
+        result = seeked if seeked is not None else ReplayResult(
+            lost=[f"the snapshot at {path}@{offset} does not restore"])
     state = result.state
     start = ""
     if result.snapshots_loaded and result.snapshots_loaded[0] == result.first_seq:
         start = "snapshot"
     end_digest = state_digest(state) if state is not None and not state.poisoned else ""
     result.state = None  # states do not travel between processes cheaply
+    if offset and start:
+        start = digest or start
     return _FilePart(path=path, result=result, start_digest=start,
                      end_seq=result.first_seq + result.events_applied, end_digest=end_digest)
 
@@ -428,9 +446,7 @@ def replay_parallel(path: str | os.PathLike[str], *, prefix: str | None = None,
     result has no state (``state`` is None); use :func:`replay` for analyses."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from replay.reader import run_files
-
-    files = [str(file) for file in run_files(path, prefix)]
+    files = _units(path, prefix)
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(files) == 1:
         parts = [_replay_file(file) for file in files]
@@ -479,11 +495,48 @@ def _seam(previous: _FilePart, part: _FilePart) -> str:
     if result.first_seq != previous.end_seq:
         return (f"{part.path} starts at event {result.first_seq}, the file before it "
                 f"ends at event {previous.end_seq}")
-    snapshot_digest = _snapshot_digest(part.path)
+    snapshot_digest = (part.start_digest if part.start_digest not in ("", "snapshot")
+                       else _snapshot_digest(part.path))
     if previous.end_digest and snapshot_digest != previous.end_digest:
         return (f"the state at the end of {previous.path} has digest {previous.end_digest}, "
                 f"the snapshot of {part.path} {snapshot_digest}")
     return ""
+
+
+def _units(path: str | os.PathLike[str], prefix: str | None
+           ) -> list[tuple[str, int, int, str]]:
+    """What :func:`replay_parallel` farms out: each file from its start, cut
+    at its later segments (schema 4 snapshots inside a file), so a run of few
+    files still spreads over the workers."""
+    from replay import seek
+    from replay.reader import run_files
+
+    by_file: dict[str, list[seek.Segment]] = {}
+    for segment in seek.segments(path, prefix):
+        by_file.setdefault(str(segment.path), []).append(segment)
+    units = []
+    for file in map(str, run_files(path, prefix)):
+        inside = [s for s in by_file.get(file, []) if s.offset > 0]
+        later = inside[1:] if inside and _first_is_next(file, inside[0].offset) else inside
+        ends = [s.seq for s in later] + [-1]
+        units.append((file, 0, ends[0], ""))
+        units += [(file, s.offset, end, s.digest) for s, end in zip(later, ends[1:],
+                                                                     strict=True)]
+    return units
+
+
+def _first_is_next(path: str, offset: int) -> bool:
+    """Whether the file's first snapshot (at ``offset``) follows its header
+    (and a resumed log's GAP): the file's own start, not a later segment."""
+    from offload_fsm.framing import scan_stream
+
+    with open(path, "rb") as stream:
+        for count, item in enumerate(scan_stream(stream)):
+            if getattr(item, "offset", -1) == offset:
+                return count <= 2
+            if count > 2:
+                return False
+    return False
 
 
 def _snapshot_digest(path: str) -> str:

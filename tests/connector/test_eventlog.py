@@ -290,3 +290,34 @@ def test_atexit_flushes_on_interpreter_exit(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=root, timeout=60)
     assert _read(tmp_path / "x-000000.lolog") == ["H", *range(2000)]
+
+
+def _pack(payloads: list[bytes]) -> bytes:
+    return json.dumps({"batch": [json.loads(p) for p in payloads]}).encode()
+
+
+def test_batchable_items_go_out_as_one_record_per_flush(tmp_path: Path) -> None:
+    w = _writer(tmp_path, pack=_pack, batchable=lambda item: "i" in item,  # type: ignore[operator]
+                flush_interval_s=60.0)
+    for i in range(10):
+        w.append({"i": i})
+    w.append({"alone": 1})  # not batchable: closes the batch, written on its own
+    for i in range(10, 15):
+        w.append({"i": i})
+    assert w.close()
+    records = _read(w.files[0])
+    assert records[0] == HEADER
+    assert records[1:] == [{"batch": [{"i": i} for i in range(10)]}, {"alone": 1},
+                           {"batch": [{"i": i} for i in range(10, 15)]}]
+    assert w.items_written == 16 and w.records_written == 4
+
+
+def test_a_batch_closes_at_batch_bytes(tmp_path: Path) -> None:
+    w = _writer(tmp_path, pack=_pack, batchable=lambda item: True, batch_bytes=100,
+                flush_interval_s=60.0)
+    for i in range(100):
+        w.append({"i": i})
+    assert w.close()
+    batches = [r["batch"] for r in _read(w.files[0])[1:]]  # type: ignore[index]
+    assert [x["i"] for batch in batches for x in batch] == list(range(100))
+    assert len(batches) > 5 and all(len(json.dumps(b)) < 200 for b in batches)

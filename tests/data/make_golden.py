@@ -5,7 +5,8 @@ version; the files are kept forever and must keep replaying clean).
 
 Writes ``tests/data/logs/v<SCHEMA_VERSION>/golden-000000.lolog`` (a small
 seeded workload with preemptions, failed stores and evictions, recorded by
-the connector's recorder with a digest every 25 events) and ``expected.json``
+the connector's recorder with a digest every 25 events and, from schema 4, a
+snapshot every 50, so it holds several segments) and ``expected.json``
 (event count and final digest) next to it. Refuses to overwrite.
 """
 
@@ -30,7 +31,8 @@ def main() -> int:
     config = default_config()
     recorder = EventRecorder(config, 2, str(directory),
                              {"package": "golden", "vllm": "", "lmcache": ""},
-                             prefix="golden", digest_every=25, register_atexit=False)
+                             prefix="golden", digest_every=25, snapshot_every=50,
+                             register_atexit=False)
     world = run_workload(requests=24, seed=11, config=config, pool_blocks=40, concurrency=5,
                          max_chunks=4, fail_rate=0.1, sink=recorder.record)
     recorder.close(world.state)

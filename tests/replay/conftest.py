@@ -29,14 +29,16 @@ def record_workload(
 
 @pytest.fixture
 def small_log(tmp_path: Path) -> Path:
+    # compress_level 0: one frame per record (no batches), which the tests cut and edit
     directory, _ = record_workload(tmp_path / "small", requests=6, seed=3, pool_blocks=24,
                                    concurrency=3, max_chunks=3,
-                                   recorder_options={"digest_every": 10})
+                                   recorder_options={"digest_every": 10, "compress_level": 0})
     return directory / "run-000000.lolog"
 
 
 @pytest.fixture
 def mixed_log(tmp_path: Path) -> Path:
     directory, _ = record_workload(tmp_path / "mixed", requests=120, seed=5, pool_blocks=64,
-                                   concurrency=8, recorder_options={"digest_every": 100})
+                                   concurrency=8,
+                                   recorder_options={"digest_every": 100, "compress_level": 0})
     return directory

@@ -110,7 +110,7 @@ def test_wire_tags_are_stable() -> None:
 
 def test_unknown_tags_and_bad_payloads() -> None:
     with pytest.raises(UnknownTag):
-        decode_record(msgpack.packb([9, 0, 0]))
+        decode_record(msgpack.packb([99, 0, 0]))
     with pytest.raises(UnknownTag):
         decode_record(msgpack.packb([2, 0, 0, [99, "x"], 0]))
     with pytest.raises(LogCorrupt):

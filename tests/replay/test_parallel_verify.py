@@ -15,7 +15,7 @@ def _rotated(tmp_path: Path) -> Path:
     directory, _ = record_workload(tmp_path / "rot", requests=150, seed=4, pool_blocks=64,
                                    concurrency=8,
                                    recorder_options={"digest_every": 100,
-                                                     "max_file_bytes": 16 * 1024})
+                                                     "max_file_bytes": 4 * 1024})
     assert len(list(directory.glob("*.lolog"))) >= 3
     return directory
 
@@ -42,3 +42,19 @@ def test_a_broken_seam_is_reported(tmp_path: Path) -> None:
     assert any("starts at event" in lost for lost in result.lost), result.lost
     assert main(["verify", str(directory), "--workers", "2"], out=io.StringIO(),
                 err=io.StringIO()) == 3
+
+
+def test_one_file_splits_at_its_segments(tmp_path: Path) -> None:
+    from replay.runner import _units
+
+    directory, _ = record_workload(tmp_path / "one", requests=150, seed=4, pool_blocks=64,
+                                   concurrency=8, recorder_options={"snapshot_every": 150})
+    assert len(list(directory.glob("*.lolog"))) == 1
+    units = _units(directory, None)
+    assert len(units) >= 4 and units[0][1] == 0 and all(u[1] > 0 for u in units[1:])
+    assert [u[2] for u in units[:-1]] == sorted(u[2] for u in units[:-1])
+    serial = replay(directory)
+    parallel = replay_parallel(directory, workers=2)
+    assert parallel.ok, (parallel.divergence, parallel.damage, parallel.lost)
+    assert parallel.events_applied == serial.events_applied and parallel.ended_cleanly
+    assert parallel.snapshots_checked == serial.snapshots_checked

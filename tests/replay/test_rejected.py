@@ -158,7 +158,8 @@ def test_a_rejected_answer_is_recorded_after_its_applied_prefix(tmp_path: Path) 
     inputs = [r for r in records if isinstance(r, logformat.Inputs)]
     rejected = [r for r in records if isinstance(r, Rejected)]
     end = records[-1]
-    assert len(rejected) == 1 and rejected[0] is records[-2]
+    assert len(rejected) == 1 and rejected[0] is records[-3]
+    assert isinstance(records[-2], logformat.Index)  # the last segment's, before END
     assert rejected[0].event == event
     assert "hashes read, expected" in rejected[0].reason
     # The prefix applied, so it is in the INPUTS just before, numbered without a hole.
@@ -234,7 +235,7 @@ def test_a_rejected_observation_has_no_prefix(tmp_path: Path) -> None:
         raise AssertionError("the core accepted a candidate of a request that never arrived")
     recorder.close(world.state)
     assert [type(r).__name__ for r in _records(tmp_path)] == ["Header", "Inputs", "Rejected",
-                                                             "End"]
+                                                             "Index", "End"]
     code, out, _ = _run("verify", str(tmp_path))
     assert code == 1
     (line,) = [line for line in out.splitlines() if line.startswith("rejected:")]

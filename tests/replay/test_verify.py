@@ -71,7 +71,8 @@ def test_an_altered_event_diverges_at_the_next_digest_or_outcome(mixed_log: Path
 
 def test_full_outcomes_show_expected_and_got(tmp_path: Path) -> None:
     directory, _ = record_workload(tmp_path, requests=20, seed=1,
-                                   recorder_options={"full_outcomes": True})
+                                   recorder_options={"full_outcomes": True,
+                                                     "compress_level": 0})  # edited below
     assert replay(directory).ok
     path = directory / "run-000000.lolog"
 

@@ -1,0 +1,272 @@
+"""Seeking in a run: replay only the segments a question needs.
+
+A schema 4 file is a sequence of *segments*, each starting with a snapshot
+(or, in the run's first file, with the header at event 0) and, when the
+writer closed it, ending with an INDEX record: the token steps it spans and
+every request id its events name. :func:`segments` lists them with one cheap
+pass over the frames (CRC only; headers, snapshots' envelopes, INDEX and END
+records are the only payloads looked at, nothing is inflated).
+
+An INDEX is trusted only when it is intact and its ``end_seq`` is where the
+next segment (or the END record) starts, so a mid-segment INDEX (a rotation
+the writer refused) or one cut off by a crash is never read as complete.
+A segment without a trusted index is *unindexed*: :func:`mentions` decodes
+it (no replay) to see whether it names a request.
+
+:func:`explain_request` replays from the snapshot of the first segment that
+names the request, through the last one, and on until the core holds
+nothing of the request (no record, no batch) and the observer nothing in
+flight; decisions about a request only follow its own events, so the story
+equals a replay from event 0. :func:`replay_at_step` replays from the
+latest segment starting before a token step to the end of that step.
+Where no segment can be started from (no snapshot restores, no index at
+all), both replay from the beginning and say so in ``notes``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgpack
+
+from offload_fsm.errors import LogCorrupt
+from offload_fsm.framing import Damage, scan_stream
+from offload_fsm.logcompact import requests_of
+from offload_fsm.logdecode import LogDecoder
+from offload_fsm.logformat import END, HEADER, INDEX, SNAPSHOT, Header, Index, Inputs, Snapshot
+from offload_fsm.logwire import wire
+from offload_fsm.state import State
+from replay.reader import Entry, LogDamage, payload_kind, read_file, run_files
+from replay.runner import _ON_RECORD, Observer, ReplayResult, _Fold, replay
+
+__all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]
+
+
+@attrs.define(kw_only=True)
+class Segment:
+    """Events from ``seq`` on, in ``path`` from byte ``offset`` (its snapshot,
+    or the header of a run starting at event 0)."""
+
+    path: Path
+    offset: int
+    seq: int
+    index: Index | None = None  # trusted INDEX, see the module docstring
+    digest: str = ""  # its snapshot's (state before ``seq``)
+    first_step: int = -1  # state.step_index before its first event (-1: unknown)
+    end_seq: int = -1  # where the next segment or the END starts (-1: unknown)
+
+
+def segments(path: str | os.PathLike[str], prefix: str | None = None,
+             damage: list[LogDamage] | None = None) -> list[Segment]:
+    """The run's segments in order (see the module docstring); framing
+    damage met on the way is added to ``damage``."""
+    out: list[Segment] = []
+    candidates: dict[int, Index] = {}  # id(segment) -> its last INDEX seen
+    ends: list[int] = []
+    for file in run_files(path, prefix):
+        decoder = LogDecoder()
+        with open(file, "rb") as stream:
+            for item in scan_stream(stream):
+                if isinstance(item, Damage):
+                    if damage is not None:
+                        damage.append(LogDamage(path=str(file), offset=item.offset,
+                                                kind=item.kind.value,
+                                                length_bytes=item.length_bytes,
+                                                detail=item.detail))
+                    continue
+                kind = payload_kind(item.payload)
+                if kind == HEADER:
+                    header = _try(decoder, item.payload)
+                    if isinstance(header, Header) and header.seq == 0 and item.offset == 0:
+                        out.append(Segment(path=file, offset=0, seq=0, first_step=0))
+                elif kind == SNAPSHOT:
+                    seq, digest = _peek_seq_digest(item.payload)
+                    if seq is not None:
+                        out.append(Segment(path=file, offset=item.offset, seq=seq,
+                                           digest=digest))
+                elif kind == INDEX and out and out[-1].path == file:
+                    index = _try(decoder, item.payload)
+                    if isinstance(index, Index) and index.seq == out[-1].seq:
+                        candidates[id(out[-1])] = index
+                elif kind == END:
+                    seq = _peek_seq(item.payload)
+                    if seq is not None:
+                        ends.append(seq)
+    for number, segment in enumerate(out):
+        segment.end_seq = out[number + 1].seq if number + 1 < len(out) else (
+            ends[-1] if ends else -1)
+        index = candidates.get(id(segment))
+        if index is not None and index.end_seq == segment.end_seq:
+            segment.index = index
+            if segment.first_step < 0:
+                segment.first_step = index.first_step
+        if number + 1 < len(out) and segment.index is not None:
+            out[number + 1].first_step = segment.index.end_step
+    return out
+
+
+def _try(decoder: LogDecoder, payload: bytes) -> Any:
+    try:
+        return decoder.decode(payload)
+    except LogCorrupt:
+        return None
+
+
+def _peek_seq_digest(payload: bytes) -> tuple[int | None, str]:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(payload[:64])
+    try:
+        unpacker.read_array_header()
+        unpacker.skip()  # kind
+        seq = unpacker.unpack()
+        unpacker.skip()  # wall
+        digest = unpacker.unpack()
+    except Exception:  # msgpack raises several unrelated types
+        return None, ""
+    return (seq if isinstance(seq, int) else None), (digest if isinstance(digest, str) else "")
+
+
+def _peek_seq(payload: bytes) -> int | None:
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(payload[:16])
+    try:
+        unpacker.read_array_header()
+        unpacker.skip()  # kind
+        seq = unpacker.unpack()
+    except Exception:  # msgpack raises several unrelated types
+        return None
+    return seq if isinstance(seq, int) else None
+
+
+def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:
+    """Whether the segment's events name ``req_id`` (its index, else decoded;
+    damage counts as a yes: the events lost there are unknown)."""
+    if segment.index is not None:
+        return segment.index.requests is None or req_id in segment.index.requests
+    for entry in read_file(segment.path, start_offset=segment.offset):
+        if following is not None and following.path == segment.path and \
+                entry.offset >= following.offset:
+            return False
+        if isinstance(entry, LogDamage):
+            return True
+        record = entry.record
+        if type(record) is Inputs:
+            assert isinstance(record, Inputs)
+            if any(req_id in requests_of(wire(event)) for event in record.events):
+                return True
+    return False  # the file ended: the whole segment was read
+
+
+def replay_from(run: list[Path], start: Segment, observer: Observer | None,
+                 until: Callable[[_Fold], bool]) -> ReplayResult | None:
+    """Fold from ``start`` until ``until(fold)`` holds after a record; None
+    when folding could not start there."""
+    fold = _Fold(observer)
+    on_record = _ON_RECORD
+    files = run[run.index(start.path):]
+    for number, file in enumerate(files):
+        entries = read_file(file, start_offset=start.offset if number == 0 else 0)
+        for entry in entries:
+            if isinstance(entry, LogDamage):
+                fold.on_damage(entry)
+                continue
+            fold.result.records += 1
+            record = entry.record
+            if fold.folding:
+                on_record[type(record)](fold, record)
+            else:
+                fold.after_stop(record)
+            if number == 0 and start.offset:
+                if type(record) is Header:
+                    fold.stop("seeking to a snapshot")  # the snapshot next restores the state
+                elif type(record) is Snapshot and not fold.result.snapshots_loaded:
+                    return None  # it did not restore: no seeking here
+            if until(fold):
+                fold.finish()
+                return fold.result
+    fold.finish()
+    return fold.result
+
+
+def _holds(state: State | None, req_id: str) -> bool:
+    if state is None:
+        return False
+    return req_id in state.requests or any(
+        batch.req.req_id == req_id for batch in state.batches.values())
+
+
+def explain_request(path: str | os.PathLike[str], prefix: str | None, req_id: str,
+                    observer: Any, notes: list[str]) -> ReplayResult:
+    """:func:`replay.runner.replay` with ``observer`` (an ``ExplainObserver``),
+    started and stopped as the index allows (see the module docstring)."""
+    run = run_files(path, prefix)
+    damage: list[LogDamage] = []
+    found = segments(path, prefix, damage)
+    if not any(segment.index is not None for segment in found):
+        notes.append("no usable index in the log: replayed from the beginning")
+        return replay(path, prefix=prefix, observer=observer)
+    hits = [number for number, segment in enumerate(found)
+            if mentions(segment, req_id, found[number + 1] if number + 1 < len(found)
+                        else None)]
+    if not hits:
+        return ReplayResult(header=_first_header(run), damage=damage)
+    last_end = found[hits[-1]].end_seq
+
+    def until(fold: _Fold) -> bool:
+        if last_end < 0 or fold.next_seq < last_end or _holds(fold.state, req_id):
+            return False
+        return not any(op.status in ("buffered", "selected", "submitted")
+                       for op in observer.ops)
+
+    result = replay_from(run, found[hits[0]], observer, until)
+    if result is None:
+        notes.append(f"the snapshot before event {found[hits[0]].seq} does not restore: "
+                     "replayed from the beginning")
+        observer.__init__(req_id, verbose=observer.verbose)
+        return replay(path, prefix=prefix, observer=observer)
+    return _with(result, damage)
+
+
+def _with(result: ReplayResult, damage: list[LogDamage]) -> ReplayResult:
+    """``result`` with the damage of the whole run (the scan's and its own),
+    in run order, as a replay from the beginning reports it."""
+    seen = {(d.path, d.offset) for d in result.damage}
+    result.damage.extend(d for d in damage if (d.path, d.offset) not in seen)
+    return result
+
+
+def replay_at_step(path: str | os.PathLike[str], prefix: str | None, step_index: int,
+                   observer: Observer, notes: list[str]) -> ReplayResult:
+    """Fold from the latest segment starting before token step ``step_index``
+    until the state is past it. (A snapshot is taken at a step's end, its
+    ``StepScheduled`` already applied: a segment whose ``first_step`` is N
+    starts inside step N, so step N needs an earlier one; the run's start
+    is before step 0's first event.)"""
+    run = run_files(path, prefix)
+    damage: list[LogDamage] = []
+    found = [s for s in segments(path, prefix, damage)
+             if 0 <= s.first_step < step_index or (s.seq == 0 and s.first_step == 0)]
+    if not found:
+        notes.append("no indexed segment starts at or before that step: replayed from the "
+                     "beginning")
+        return replay(path, prefix=prefix, observer=observer)
+    result = replay_from(run, found[-1], observer,
+                          lambda fold: fold.state is not None
+                          and fold.state.step_index > step_index)
+    if result is None:
+        notes.append(f"the snapshot before event {found[-1].seq} does not restore: replayed "
+                     "from the beginning")
+        return replay(path, prefix=prefix, observer=observer)
+    return _with(result, damage)
+
+
+def _first_header(run: list[Path]) -> Header | None:
+    for entry in read_file(run[0]):
+        if isinstance(entry, Entry) and type(entry.record) is Header:
+            return entry.record
+        break
+    return None
