@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from offload_fsm.commands import EndSession
 from offload_fsm.decisions import (
     BatchOrphaned,
