@@ -18,6 +18,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
+``lmcache.mp.lazy_offload_chunk_split``        ``true``          JSON boolean (EA: ``split``)
 ``lmcache.mp.lazy_offload_idle_flush_steps``   ``0`` (off)       integer >= 0 (tail flush)
 ``lmcache.mp.lazy_offload_shutdown_flush_s``   ``0`` (off)       finite number >= 0 (tail flush)
 =============================================  ================  ===========================
@@ -100,6 +101,10 @@ class OffloadConfig:
     # When vLLM begins shutting down, submit them too and keep the engine
     # stepping at most this long for their receipts (0: never).
     shutdown_flush_s: float = 0.0
+    # EVICTION_AWARE: an op too big for the pin or shield headroom is cut to
+    # its chunk prefix that fits (``offload_fsm.split``) instead of waiting
+    # whole. Off only to replay logs recorded before the rule existed.
+    chunk_split: bool = True
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -130,6 +135,7 @@ class OffloadConfig:
             f"{PREFIX}_log_max_file_mib": self.log_max_file_mib,
             f"{PREFIX}_idle_flush_steps": self.idle_flush_steps,
             f"{PREFIX}_shutdown_flush_s": self.shutdown_flush_s,
+            f"{PREFIX}_chunk_split": self.chunk_split,
         }
 
 
@@ -242,12 +248,15 @@ _PARSERS[f"{PREFIX}_shutdown_flush_s"] = (
     "shutdown_flush_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
 )
 
+_PARSERS[f"{PREFIX}_chunk_split"] = ("chunk_split", _bool)
+
 # Keys a log header may lack because it was recorded before they existed: the
 # value that reproduces the recorder's behaviour then.
 _BEFORE_THEY_EXISTED: dict[str, object] = {
     f"{PREFIX}_receipt_lease_s": 0.0,
     f"{PREFIX}_idle_flush_steps": 0,
     f"{PREFIX}_shutdown_flush_s": 0.0,
+    f"{PREFIX}_chunk_split": False,
 }
 
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)

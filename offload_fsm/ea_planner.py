@@ -197,7 +197,7 @@ def _fit(
         for op in chosen:
             if not op.pinned:
                 window_pinned.update(ctx.window_seen.intersection(op.block_ids))
-    if window_pinned and ctx.depth_blocks:
+    if (window_pinned and ctx.depth_blocks) or not state.config.chunk_split:
         cuttable = []  # a cascade round follows: its whole ops come before any cut
     for (rank, _order, rec, _end, why), hold in cuttable:
         if ops_left <= 0 or headroom <= 0:

@@ -137,6 +137,8 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
         return
     ops = [op for op in rec.ops if not op.pinned]
     if free_blocks < state.reserve_blocks:  # not all of it: its longest prefix that fits
+        if not state.config.chunk_split:
+            return
         freed = len(set(blocks_of(ops)).difference(state.pins))
         budget = free_blocks + freed - state.reserve_blocks
         ops = split.shield_prefix(state, rec, ops, budget, scope)

@@ -300,3 +300,26 @@ def test_bad_tail_flush_values_name_key_value_and_allowed(
     assert raised.value.key == key
     assert key in str(raised.value) and repr(value) in str(raised.value)
     assert allowed in str(raised.value)
+
+
+# --------------------------------------------------------------------------
+# Chunk-granularity selection (offload_fsm.split): on, except for old logs.
+
+
+def test_chunk_split_is_on_and_logs_recorded_before_it_replay_with_it_off() -> None:
+    from offload_fsm.config import parse_recorded_config
+
+    assert parse_config({}).chunk_split is True
+    assert parse_config({f"{P}_chunk_split": False}).chunk_split is False
+    wire = OffloadConfig(enabled=True).to_wire()
+    assert parse_recorded_config(wire).chunk_split is True
+    del wire[f"{P}_chunk_split"]
+    assert parse_recorded_config(wire).chunk_split is False
+
+
+@pytest.mark.parametrize("value", ["true", 1, None])
+def test_a_bad_chunk_split_value_names_key_value_and_allowed(value: object) -> None:
+    key = f"{P}_chunk_split"
+    with pytest.raises(ConfigError) as raised:
+        parse_config({key: value})
+    assert raised.value.key == key and "a JSON boolean" in str(raised.value)

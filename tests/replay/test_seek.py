@@ -124,6 +124,4 @@ def test_a_snapshot_that_does_not_restore_replays_from_the_beginning(
 def test_an_old_log_has_no_index_and_says_so() -> None:
     golden = Path(__file__).parents[1] / "data" / "logs" / "v3"
     code, out, err = _run("explain", str(golden), "--request", "req-3")
-    assert "req-3" in out and "no usable index" in err
-    # Chunk-granularity selection changed the outcome at seq 35 (test_golden.py).
-    assert code == 1 and "replay diverged at seq 35" in err
+    assert code == 0 and "req-3" in out and "no usable index" in err

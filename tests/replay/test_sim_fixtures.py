@@ -9,8 +9,10 @@ Decisions changed on purpose by a defect fix are listed in
 :data:`CHANGED_BY_FIXES`: the recorded run must replay identically up to
 that event and diverge exactly there; a later recording of the same
 simulation (``sim-ea-2``, recorded on 2026-12-01 with the fixes, same
-command) guards the whole run again, and ``sim-ea-3`` (recorded on
-2026-12-01 with chunk-granularity selection, same command) after it."""
+command) guards the whole run again. ``sim-ea-2`` predates chunk-granularity
+selection: its header lacks ``lmcache.mp.lazy_offload_chunk_split``, so it
+replays with the rule off, as recorded; ``sim-ea-3`` (same command, recorded
+with the rule on) guards the rule."""
 
 from __future__ import annotations
 
@@ -42,13 +44,6 @@ CHANGED_BY_FIXES: dict[str, tuple[int, str]] = {
     # s84t0, s83t1, s67t0 and s10t0 for PIN_BUDGET, charged again and again
     # for the prefix blocks they share; counted once, all fit in that drain.
     "ea": (778, "a chunk only claimed by a batch in flight is no longer trimmed"),
-    # Issue 12, chunk-granularity selection. In the cascade round of seq 836
-    # the recording held s89t3's one op [0, 6656) (208 blocks) for
-    # PIN_BUDGET whole: the headroom left could not take all of it. Now,
-    # no further cascade round following, that leftover headroom takes its
-    # longest chunk prefix that fits: OpSplit at 5376 (168 blocks), and
-    # [0, 5376) is selected (cascade); [5376, 6656) stays buffered.
-    "ea-2": (836, "an op too big for the pin headroom is cut to the chunk prefix that fits"),
 }
 
 
