@@ -60,7 +60,7 @@ from offload_fsm.logformat import (
 )
 from offload_fsm.machine import Outcome, step
 from offload_fsm.state import State, new_state
-from replay.reader import LogDamage, read_log
+from replay.reader import Entry, LogDamage, read_log
 
 Observer = Callable[[int, Event, Outcome, State], None]
 
@@ -146,15 +146,7 @@ def replay(
     """Fold the run at ``path``; see the module docstring."""
     fold = _Fold(observer, clock)
     for entry in read_log(path, prefix):
-        if isinstance(entry, LogDamage):
-            fold.on_damage(entry)
-            continue
-        fold.result.records += 1
-        record = entry.record
-        if fold.folding:
-            _ON_RECORD[type(record)](fold, record)
-        else:
-            fold.after_stop(record)
+        fold.take(entry)
     fold.finish()
     return fold.result
 
@@ -183,6 +175,18 @@ class _Fold:
         self.next_seq = 0
         self.schema = 0
         self.missing_start = ""  # the run's first file starts past event 0
+
+    def take(self, entry: Entry | LogDamage) -> None:
+        """One item of the log: damage, or a record folded (or seen after the stop)."""
+        if isinstance(entry, LogDamage):
+            self.on_damage(entry)
+            return
+        self.result.records += 1
+        record = entry.record
+        if self.folding:
+            _ON_RECORD[type(record)](self, record)
+        else:
+            self.after_stop(record)
 
     def stop(self, reason: str, *, resumable: bool = True) -> None:
         self.folding = False
@@ -540,7 +544,7 @@ def _first_is_next(path: str, offset: int) -> bool:
 
 
 def _snapshot_digest(path: str) -> str:
-    from replay.reader import Entry, read_file
+    from replay.reader import read_file
 
     for entry in read_file(path):
         if isinstance(entry, Entry) and type(entry.record) is Snapshot:

@@ -41,7 +41,7 @@ from offload_fsm.logformat import END, HEADER, INDEX, SNAPSHOT, Header, Index, I
 from offload_fsm.logwire import wire
 from offload_fsm.state import State
 from replay.reader import Entry, LogDamage, payload_kind, read_file, run_files
-from replay.runner import _ON_RECORD, Observer, ReplayResult, _Fold, replay
+from replay.runner import Observer, ReplayResult, _Fold, replay
 
 __all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]
 
@@ -166,20 +166,14 @@ def replay_from(run: list[Path], start: Segment, observer: Observer | None,
     """Fold from ``start`` until ``until(fold)`` holds after a record; None
     when folding could not start there."""
     fold = _Fold(observer)
-    on_record = _ON_RECORD
     files = run[run.index(start.path):]
     for number, file in enumerate(files):
         entries = read_file(file, start_offset=start.offset if number == 0 else 0)
         for entry in entries:
+            fold.take(entry)
             if isinstance(entry, LogDamage):
-                fold.on_damage(entry)
                 continue
-            fold.result.records += 1
             record = entry.record
-            if fold.folding:
-                on_record[type(record)](fold, record)
-            else:
-                fold.after_stop(record)
             if number == 0 and start.offset:
                 if type(record) is Header:
                     fold.stop("seeking to a snapshot")  # the snapshot next restores the state
