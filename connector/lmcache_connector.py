@@ -96,8 +96,10 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             recorder=recorder,
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
-        if config.shutdown_flush_s > 0 and not shutdown_signal.install(
-                self._lazy_offload_manager.shutdown_began):
+        # Always hooked: the signal also seals the log before vLLM stops its
+        # workers (``EventSourcedManager.has_inflight_store_work``).
+        hooked = shutdown_signal.install(self._lazy_offload_manager.shutdown_began)
+        if config.shutdown_flush_s > 0 and not hooked:
             _log.warning("lazy offload: %s_shutdown_flush_s is set, but this is not vLLM's "
                          "engine-core process (no SIGTERM handler on the main thread); "
                          "the shutdown flush is off for this engine", PREFIX)

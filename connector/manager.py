@@ -136,6 +136,8 @@ class EventSourcedManager:
         # When vLLM's shutdown signal came (shell clock), and whether the core heard it.
         self._shutdown_signal_s: float | None = None
         self._shutdown_fed = False
+        self._signal_seen = False
+        self._late: DrainOnly | None = None  # the drain after an early seal
         self._left: ShutdownLeft | None = None
         self._log = get_logger()
         self._narrator = Narrator(self._log, clock)
@@ -209,22 +211,49 @@ class EventSourcedManager:
 
     def has_inflight_store_work(self) -> bool:
         if self._drain is not None:
-            return self._drain.busy
-        if self._shutdown_signal_s is not None and not self._shutdown_fed:
+            busy = self._drain.busy
+        elif self._shutdown_signal_s is not None and not self._shutdown_fed:
             # ShutdownBegan is fed on the next step: step once more if it has work.
-            return bool(self.state.ready) or has_in_flight(self.state)
-        return keeps_stepping(self.state, self._clock())
+            busy = bool(self.state.ready) or has_in_flight(self.state)
+        else:
+            busy = keeps_stepping(self.state, self._clock())
+        if not busy and self._signal_seen and not self._closed and (
+                self._drain is not None or not has_in_flight(self.state)):
+            self._seal_early()
+        return busy
 
     def shutdown_began(self) -> None:
         """vLLM's engine process got SIGTERM/SIGINT (``connector.shutdown_signal``).
-        Runs inside a signal handler: it only notes the time; the next step
-        feeds ``ShutdownBegan``."""
+        Runs inside a signal handler: it only notes it (and, with a shutdown
+        flush on, the time; the next step feeds ``ShutdownBegan``)."""
+        self._signal_seen = True
         if self._shutdown_signal_s is None and self.config.shutdown_flush_s > 0:
             self._shutdown_signal_s = self._clock()
 
+    def _seal_early(self) -> None:
+        """After the signal, vLLM asks for work only once its scheduler holds
+        no request, and leaves its busy loop when we answer no. It then stops
+        its workers (their grace is 5 s) before it calls our shutdown, and
+        kills the engine process 5 s after the signal unless told otherwise:
+        so the ledger line and the log's END are written now, nothing being
+        in flight. A callback still to come (a request vLLM takes in while it
+        shuts down) finds a drain-only shell: no store, sessions still end."""
+        self._close()
+        self._late = self._drain = DrainOnly(world_size=self.state.world_size,
+                                             lease_s=self.config.receipt_lease_s)
+
     def log_final_stats(self) -> None:
-        if self._closed:
+        if not self._closed:
+            self._close()
             return
+        late = self._late
+        if late is not None:  # sealed early: settle what came after
+            self._execute_all(late.shutdown())
+            if late.stats.sessions_ended or late.stats.abandoned_batches:
+                self._log.info("lazy offload: after the log was sealed at shutdown",
+                               **_stats(late))
+
+    def _close(self) -> None:
         self._closed = True
         try:
             if self._drain is None:

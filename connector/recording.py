@@ -497,12 +497,20 @@ class EventRecorder:
         if writer is None:
             return
         self._writer = None
-        self._flush_batch(writer)
-        digest = state_digest(state) if state is not None and not self._rejected else ""
-        now = time.time()
-        if state is not None:
-            writer.append((INDEX, self._seq, now, state.step_index))
-        writer.append((END, self._seq, now, digest))
-        writer.close()
-        if self._encoder is not None:
-            self._encoder.close()
+        try:
+            self._flush_batch(writer)
+            digest = ""
+            if state is not None and not self._rejected:
+                try:
+                    digest = state_digest(state)
+                except Exception as error:  # END without a digest beats no END
+                    _log.warning("event log: final state digest failed (%r); END "
+                                 "written without one", error)
+            now = time.time()
+            if state is not None:
+                writer.append((INDEX, self._seq, now, state.step_index))
+            writer.append((END, self._seq, now, digest))
+        finally:  # whatever failed above, what is queued reaches the disk
+            writer.close()
+            if self._encoder is not None:
+                self._encoder.close()

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from testkit import engine_log
+
 # vLLM force-kills an EngineCore that has not exited 5 s after SIGTERM by
-# default. Its scheduler-side connector shuts down last (after the workers),
-# so on a loaded 2-core machine the kill can land before our connector writes
-# the event log's END record. Tests give teardown room instead.
+# default, and stops its workers (their own 5 s grace) before the scheduler-side
+# connector's shutdown runs. Our connector seals its event log before that
+# (``EventSourcedManager.has_inflight_store_work``), but on a loaded 2-core box
+# an engine core can take longer than 5 s just to reach its SIGTERM handler
+# (seen once, with a store in flight), so tests give teardown room.
 SHUTDOWN_TIMEOUT_S = 60.0
 
 
-def shutdown(llm: Any) -> None:
-    """Stop an offline ``vllm.LLM``'s engine, letting its teardown finish."""
-    llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
+    """Stop an offline ``vllm.LLM``'s engine (``timeout_s``: its grace before the
+    kill; None is vLLM's default); note the engine processes' exit codes in the
+    session's engine log (``testkit.engine_log``)."""
+    client = llm.llm_engine.engine_core
+    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+    processes = list(getattr(manager, "processes", ()))
+    client.shutdown(timeout=timeout_s)
+    if processes:
+        engine_log.note(f"engine processes exit codes: {[p.exitcode for p in processes]}")
 
 
 def tiny_llm(model_dir: Any, kv_transfer_config: dict[str, Any] | None, *,

@@ -22,6 +22,7 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E
 
 from connector import manager as manager_module  # noqa: E402
 from connector.manager import EventSourcedManager  # noqa: E402
+from connector.recording import EventRecorder  # noqa: E402
 from offload_fsm import OffloadConfig, Policy  # noqa: E402
 
 BLOCK = 16
@@ -38,13 +39,17 @@ class Clock:
 class Shell:
     """One manager over a real block pool, and a scripted scheduler."""
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, log_dir: str | None = None, **config: Any) -> None:
+        """``log_dir``: record an event log there (``connector.recording``)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()
         settings = {"enabled": True, "policy": Policy.FIFO, "threshold": 1,
-                    "select_count": 100, "log_dir": None, **config}
-        self.mgr = EventSourcedManager(OffloadConfig(**settings), world_size=1,
-                                       group_tokens_per_block=[BLOCK], clock=self.clock)
+                    "select_count": 100, "log_dir": log_dir, **config}
+        offload = OffloadConfig(**settings)
+        recorder = None if log_dir is None else EventRecorder(
+            offload, 1, log_dir, {"package": "test", "vllm": "", "lmcache": ""})
+        self.mgr = EventSourcedManager(offload, world_size=1, group_tokens_per_block=[BLOCK],
+                                       clock=self.clock, recorder=recorder)
         self.mgr.bind_block_pool(self.pool)
         self.blocks: dict[str, list[int]] = {}
         self.submitted: list[str] = []

@@ -1,17 +1,20 @@
 """The shell's side of the tail flush over a real vLLM ``BlockPool``: the
 keepalive vLLM reads (``has_inflight_store_work``), the shutdown signal
 turned into ``ShutdownBegan`` on the next step, the bounded wait, the
-one line of what was left, and the SIGTERM hook chained before vLLM's."""
+one line of what was left, the SIGTERM hook chained before vLLM's, and the
+log sealed as soon as vLLM may stop (before it stops its workers)."""
 
 from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from connector import shutdown_signal
+from replay.runner import replay
 from tests.connector.test_manager_faults import Shell
 
 
@@ -36,7 +39,7 @@ def test_off_the_buffered_tail_keeps_nothing_alive() -> None:
     shell.offer("a")
     shell.step()
     shell.finish("a")
-    shell.mgr.shutdown_began()  # no-op while the shutdown flush is off
+    shell.mgr.shutdown_began()  # no flush while the shutdown flush is off
     assert not shell.mgr.has_inflight_store_work()
     for _ in range(10):
         shell.step(tokens=0)
@@ -87,3 +90,51 @@ def test_the_hook_runs_before_the_handler_it_chains_and_only_where_one_is() -> N
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
+
+
+def test_after_the_signal_the_log_is_sealed_as_soon_as_vllm_may_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM stops its workers (5 s grace) before it calls the connector's
+    shutdown and kills the engine 5 s after SIGTERM: the END and the ledger
+    line are written when we first answer "no work" after the signal."""
+    shell = Shell(threshold=100, log_dir=str(tmp_path))
+    shell.offer("a")
+    shell.step()
+    shell.finish("a")
+    assert shell.mgr.has_inflight_store_work() is False
+    assert not replay(tmp_path).ended_cleanly  # no signal yet: no seal
+    shell.mgr.shutdown_began()
+    with caplog.at_level(logging.INFO, logger="vllm.lazy_offload"):
+        assert shell.mgr.has_inflight_store_work() is False
+        sealed = replay(tmp_path)
+        assert sealed.ok and sealed.ended_cleanly
+        # A request vLLM still takes in: drain-only, nothing stored, its session ends.
+        shell.offer("late")
+        shell.step()
+        shell.finish("late")
+        shell.mgr.log_final_stats()  # vLLM's connector shutdown, later
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("Lazy offload final counters" in line for line in lines) == 1
+    assert any("after the log was sealed" in line and "sessions_ended=1" in line
+               for line in lines), lines
+    assert shell.submitted == [] and "late" in shell.ended
+    again = replay(tmp_path)
+    assert again.ok and again.ended_cleanly and again.header == sealed.header
+
+
+def test_no_seal_while_a_store_is_in_flight(tmp_path: Path) -> None:
+    shell = Shell(threshold=1, log_dir=str(tmp_path))
+    shell.offer("a")
+    shell.step()
+    shell.finish("a")
+    shell.step()
+    assert shell.submitted == ["a"]
+    shell.mgr.shutdown_began()
+    assert shell.mgr.has_inflight_store_work()  # its receipt: keep stepping, no seal
+    assert not replay(tmp_path).ended_cleanly
+    shell.receipts({"a": 1})
+    assert not shell.mgr.has_inflight_store_work()
+    result = replay(tmp_path)
+    assert result.ok and result.ended_cleanly
+    assert "a" in shell.ended

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.engine_log import route_engine_logs
 from testkit.env import apply_e2e_env
 from testkit.lmcache_server import LMCacheServer
 from testkit.tiny_model import build_tiny_llama
@@ -57,6 +58,12 @@ def _require_e2e_dependencies() -> None:
     if _in_ci():
         pytest.fail(f"CI=true and {message}", pytrace=False)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_log(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What the engine processes log goes to one session file too (``testkit.engine_log``)."""
+    route_engine_logs(tmp_path_factory.mktemp("engine-log") / "engine.log")
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ import pytest
 
 from testkit.engine import shutdown as engine_shutdown
 from testkit.engine import tiny_llm
+from testkit.engine_log import engine_log_tail
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
 
@@ -142,7 +143,7 @@ def test_lazy_offload_stores_and_retrieves(
 
     result = replay(log_dir, observer=observe)
     assert result.ok, (result.divergence, result.damage, result.lost)
-    assert result.ended_cleanly
+    assert result.ended_cleanly, f"no END\n{engine_log_tail()}"
     assert result.state is not None and ledger_closes(result.state) == []
     # vLLM numbers requests in submission order ("<n>-<random>"): map each stored
     # range to its prompt and count the distinct chunk contents written. The

@@ -32,6 +32,7 @@ import pytest
 
 from testkit.engine import shutdown as engine_shutdown
 from testkit.engine import tiny_llm
+from testkit.engine_log import engine_log_tail
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import (
     MAX_TOKENS,
@@ -161,7 +162,8 @@ def log_tail(log_dir: Path) -> str:
     files = sorted((p.name, p.stat().st_size) for p in log_dir.iterdir())
     entries = [e for e in read_log(log_dir) if isinstance(e, Entry)]
     last = [(type(e.record).__name__, getattr(e.record, "seq", None)) for e in entries[-4:]]
-    return f"no END record: files={files} records={len(entries)} last={last}"
+    return (f"no END record: files={files} records={len(entries)} last={last}\n"
+            f"engine log:\n{engine_log_tail()}")
 
 
 # Requests 0-3 are phase "before", 4-7 "during", 8 on "after" and "final".
