@@ -14,8 +14,9 @@ Contract towards the caller (the vLLM scheduler thread)
   step amortises the 12 framing bytes and the envelope over a step's events
   and keeps the reader's per-record work small; the price is that a crash
   also loses the open step's events, which were not yet queued. Every
-  ``digest_every`` events it also enqueues ``codec.state_digest(state)``,
-  computed here because the state is mutated by the next ``step``.
+  ``digest_every`` events (at least 64 per live request) it also enqueues a
+  DIGEST, which the writer thread computes from its own fold of the events it
+  encodes (below): the scheduler thread never walks the whole state for it.
 * :meth:`EventRecorder.record_rejected` is the poison path: the callback's
   ``drive`` failed (``StepFailed``). It records the events that applied
   before the failure as :meth:`record` would, closes the batch and enqueues
@@ -43,11 +44,22 @@ batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
 the directory within ``max_total_bytes`` by deleting the oldest files.
 
+The writer's fold. The core is pure, so the writer thread applies every
+event it encodes to a state of its own (``_Encoder``); it equals the live
+state at each item's seq. The periodic snapshots and the DIGESTs come from
+it, so neither costs the scheduler thread more than a queued tuple; the live
+state is digested only in the rotation's snapshot and in the END, which is
+where replay compares the recording process's own state with its fold. The
+fold stops at a GAP (it missed events) or a REJECTED (the machine closed)
+and starts again from the next rotation's snapshot; meanwhile a periodic
+snapshot becomes a repeat of the segment's INDEX and a DIGEST carries no
+digest (replay skips it).
+
 Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
-batch boundary, this thread also takes a snapshot that starts a new
-*segment* within the file, and before each snapshot (and the END) queues an
-INDEX item, which the writer thread turns into the ending segment's index
-(its steps and request ids) for ``replay explain``'s seeking. The writer
+batch boundary, a snapshot starts a new *segment* within the file, and
+before each snapshot (and the END) this thread queues an INDEX item, which
+the writer thread turns into the ending segment's index (its steps and
+request ids) for ``replay explain``'s seeking. The writer
 thread encodes events in compact forms (window deltas, hash references)
 and deflates each flush's records into one BATCH record at
 ``compress_level`` (0: plain, one frame per record); a file's snapshots
@@ -70,7 +82,7 @@ from importlib import metadata
 from typing import Any
 
 from connector.eventlog import EventLogWriter, default_prefix
-from offload_fsm import snapshot
+from offload_fsm import new_state, snapshot
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
 from offload_fsm.events import Event, StepScheduled
@@ -106,7 +118,7 @@ from offload_fsm.logformat import (
     encode_snapshot,
 )
 from offload_fsm.logwire import wire
-from offload_fsm.machine import Outcome
+from offload_fsm.machine import Outcome, step
 from offload_fsm.state import State
 
 __all__ = ["EventRecorder", "installed_versions"]
@@ -163,6 +175,13 @@ class _Encoder:
         compress_level: int = 6,
     ) -> None:
         self._config = config.to_wire()
+        self._offload_config = config
+        # The writer thread's own fold of every event it encodes (the core is
+        # pure): periodic snapshots and digests come from it, so they cost the
+        # scheduler thread nothing. None once it may have missed an event (a
+        # GAP) or the machine closed (a REJECTED), until a snapshot of the live
+        # state (a rotation's) seeds it again.
+        self._shadow: State | None = new_state(config, world_size=world_size)
         self._engine_index = engine_index
         self._policy = config.policy.value
         self._world_size = world_size
@@ -210,6 +229,7 @@ class _Encoder:
         if kind == INPUTS:
             _, seq, wall_s, applied = item
             self._item_seq = seq
+            self._fold(applied)
             wall_ms = round((wall_s - created) * 1000.0)
             try:
                 payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
@@ -223,6 +243,8 @@ class _Encoder:
             return payload
         elif kind == DIGEST:
             _, seq, wall_s, digest = item
+            if digest is None:  # from the fold ("" when it has none: replay skips it)
+                digest = "" if self._shadow is None else state_digest(self._shadow)
             if self._pub_endpoint:
                 self._publish(self._header_payload)  # late subscribers get the context
             payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
@@ -235,6 +257,7 @@ class _Encoder:
             payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
             if not after_snapshot:
                 self._requests = None  # the lost events named requests unknown
+                self._shadow = None  # and the fold missed them
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
@@ -243,10 +266,19 @@ class _Encoder:
             self._item_seq = seq
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
+            self._shadow = None  # the live machine is poisoned: no more snapshots
             self._next_seq = seq + 1
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
             _, seq, wall_s, digest, state, step_index, periodic = item
+            if state is None:  # periodic: taken from the fold
+                shadow = self._shadow
+                if shadow is None:  # none to take: repeat the segment's INDEX instead
+                    self._after_snapshot = False
+                    return self._index(seq, wall_s, step_index)
+                state, digest = snapshot.to_wire(shadow), state_digest(shadow)
+            else:  # the live state's: (re)seeds the fold
+                self._shadow = snapshot.from_wire(state, self._offload_config)
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -257,11 +289,7 @@ class _Encoder:
             return payload
         elif kind == INDEX:
             _, seq, wall_s, step_index = item
-            requests = self._requests
-            if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
-                requests = None
-            return encode_index(self._segment_seq, round((wall_s - created) * 1000.0),
-                                self._segment_step, seq, step_index, requests)
+            return self._index(seq, wall_s, step_index)
         else:
             payload = self._header()
             self._start_segment()
@@ -270,6 +298,24 @@ class _Encoder:
         if self._pub_endpoint:
             self._publish(payload)
         return payload
+
+    def _index(self, seq: int, wall_s: float, step_index: int) -> bytes:
+        """The open segment's INDEX, up to ``seq`` (a later one supersedes it)."""
+        requests = self._requests
+        if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
+            requests = None
+        return encode_index(self._segment_seq, round((wall_s - self._created_s) * 1000.0),
+                            self._segment_step, seq, step_index, requests)
+
+    def _fold(self, applied: Sequence[tuple[Event, Outcome]]) -> None:
+        shadow = self._shadow
+        if shadow is None:
+            return
+        try:
+            for event, _ in applied:
+                step(shadow, event)
+        except Exception:  # the live machine rejected it too: REJECTED follows
+            self._shadow = None
 
     def _add_requests(self, event: Event) -> None:
         if self._requests is not None:
@@ -404,35 +450,32 @@ class EventRecorder:
             return
         end = self._number(writer, applied)
         if end >= self._next_digest > 0:
-            # The digest walks the live state on this thread: space digests by
-            # at least 64 events per live request so its cost stays O(1) per event.
+            # The writer's fold walks its whole state for a digest: space digests
+            # by at least 64 events per live request so that stays O(1) per event.
             live = len(state.requests) + len(state.batches)
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
-            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+            writer.append((DIGEST, end - 1, time.time(), None))  # the writer's fold digests
         if self._batch or self._rejected:
             return
         if writer.rotation_due:
             self._rotate(writer, state)
         elif end >= self._next_snapshot > 0:
-            item = self._snapshot(writer, state, periodic=True)
-            if item is not None:
-                writer.append(item)
-                self.snapshots += 1
+            writer.append(self._segment_end(state))
+            # Taken on the writer thread, from its fold at this seq (``_Encoder``).
+            writer.append((SNAPSHOT, self._seq, time.time(), None, None, state.step_index, True))
+            self.snapshots += 1
 
-    def _snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool = False
-                  ) -> tuple[Any, ...] | None:
-        """At a batch boundary: end the segment (its INDEX) and snapshot ``state``
-        to start the next; the next periodic one is ``snapshot_every`` events on."""
+    def _rotate(self, writer: EventLogWriter, state: State) -> None:
+        """At a batch boundary: end the segment (its INDEX); the next file starts
+        with a snapshot of the live ``state`` (which also re-seeds the writer's fold)."""
         started = time.perf_counter()
         now = time.time()
-        writer.append((INDEX, self._seq, now, state.step_index))
-        self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
-                               else -1)
+        writer.append(self._segment_end(state))
         item: tuple[Any, ...] | None
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
-                    state.step_index, periodic)
+                    state.step_index, False)
         except Exception as error:  # a bug; the log goes on, that file needs its predecessors
             item = None
             if not self._warned_snapshot:
@@ -440,13 +483,15 @@ class EventRecorder:
                 _log.warning("event log: state snapshot failed (%r); files rotate without "
                              "one and do not replay alone", error)
         self.snapshot_s += time.perf_counter() - started
-        return item
-
-    def _rotate(self, writer: EventLogWriter, state: State) -> None:
-        """At a batch boundary: the next file starts with a snapshot of ``state``."""
-        item = self._snapshot(writer, state)
         if writer.rotate(item) and item is not None:
             self.snapshots += 1
+
+    def _segment_end(self, state: State) -> tuple[Any, ...]:
+        """The INDEX item that ends a segment; the next snapshot is due
+        ``snapshot_every`` events on."""
+        self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
+                               else -1)
+        return (INDEX, self._seq, time.time(), state.step_index)
 
     def record_rejected(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from testkit import engine_log
@@ -11,8 +12,9 @@ from testkit import engine_log
 # connector's shutdown runs. Our connector seals its event log before that
 # (``EventSourcedManager.has_inflight_store_work``), but on a loaded 2-core box
 # an engine core can take longer than 5 s just to reach its SIGTERM handler
-# (seen once, with a store in flight), so tests give teardown room.
-SHUTDOWN_TIMEOUT_S = 60.0
+# (seen once, with a store in flight), so tests give teardown room
+# (``E2E_SHUTDOWN_TIMEOUT_S`` overrides it: 5 is vLLM's default).
+SHUTDOWN_TIMEOUT_S = float(os.environ.get("E2E_SHUTDOWN_TIMEOUT_S", "60"))
 
 
 def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
