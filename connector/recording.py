@@ -50,10 +50,13 @@ state at each item's seq. The periodic snapshots and the DIGESTs come from
 it, so neither costs the scheduler thread more than a queued tuple; the live
 state is digested only in the rotation's snapshot and in the END, which is
 where replay compares the recording process's own state with its fold. The
-fold stops at a GAP (it missed events) or a REJECTED (the machine closed)
-and starts again from the next rotation's snapshot; meanwhile a periodic
-snapshot becomes a repeat of the segment's INDEX and a DIGEST carries no
-digest (replay skips it).
+fold stops at a GAP (it missed events), at a REJECTED (the machine closed)
+and when the writer falls ``FOLD_BACKLOG_ITEMS`` items behind (it then
+catches up at the cost of encoding alone). Without a fold this thread takes
+the next periodic snapshot and digests of the live state, as before the
+fold existed, and that snapshot seeds the fold again; a periodic snapshot
+already queued when the fold stopped becomes a repeat of the segment's
+INDEX, and such a DIGEST carries no digest (replay skips it).
 
 Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
 batch boundary, a snapshot starts a new *segment* within the file, and
@@ -77,7 +80,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -124,6 +127,9 @@ from offload_fsm.state import State
 __all__ = ["EventRecorder", "installed_versions"]
 
 _NEW_FILE = (HEADER,)
+# The writer thread stops folding when it is this many items behind (to catch
+# up); the scheduler thread then takes the next periodic snapshot itself.
+FOLD_BACKLOG_ITEMS = 512
 _BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
 
@@ -182,6 +188,7 @@ class _Encoder:
         # GAP) or the machine closed (a REJECTED), until a snapshot of the live
         # state (a rotation's) seeds it again.
         self._shadow: State | None = new_state(config, world_size=world_size)
+        self.backlog: Callable[[], int] = lambda: 0  # items queued behind this one
         self._engine_index = engine_index
         self._policy = config.policy.value
         self._world_size = world_size
@@ -277,8 +284,10 @@ class _Encoder:
                     self._after_snapshot = False
                     return self._index(seq, wall_s, step_index)
                 state, digest = snapshot.to_wire(shadow), state_digest(shadow)
-            else:  # the live state's: (re)seeds the fold
+            elif self.backlog() <= FOLD_BACKLOG_ITEMS:  # the live state's: seeds the fold
                 self._shadow = snapshot.from_wire(state, self._offload_config)
+            else:  # still behind: no fold yet (the next live snapshot seeds it)
+                self._shadow = None
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -307,9 +316,18 @@ class _Encoder:
         return encode_index(self._segment_seq, round((wall_s - self._created_s) * 1000.0),
                             self._segment_step, seq, step_index, requests)
 
+    @property
+    def folding(self) -> bool:
+        """Whether the fold is there to take periodic snapshots and digests
+        from (read by the scheduler thread: one attribute load)."""
+        return self._shadow is not None
+
     def _fold(self, applied: Sequence[tuple[Event, Outcome]]) -> None:
         shadow = self._shadow
         if shadow is None:
+            return
+        if self.backlog() > FOLD_BACKLOG_ITEMS:  # behind: catch up, the live state seeds again
+            self._shadow = None
             return
         try:
             for event, _ in applied:
@@ -398,7 +416,8 @@ class EventRecorder:
         self._snapshot_every = snapshot_every
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
-        self.snapshots = 0
+        self.snapshots = 0  # queued: the writer's fold takes some, this thread the others
+        self.live_snapshots = 0  # taken on this thread (rotations, no fold to take them)
         self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
@@ -424,6 +443,8 @@ class EventRecorder:
             pack=self._encoder.pack if compress_level else None,
             batchable=_batchable,
         )
+        writer = self._writer
+        self._encoder.backlog = lambda: writer.queue_len
 
     @property
     def enabled(self) -> bool:
@@ -455,27 +476,51 @@ class EventRecorder:
             live = len(state.requests) + len(state.batches)
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
-            writer.append((DIGEST, end - 1, time.time(), None))  # the writer's fold digests
+            folding = self._fold_ready(writer)
+            # The writer's fold digests; without one (it is catching up) this thread does.
+            writer.append((DIGEST, end - 1, time.time(), None if folding else state_digest(state)))
         if self._batch or self._rejected:
             return
         if writer.rotation_due:
             self._rotate(writer, state)
         elif end >= self._next_snapshot > 0:
-            writer.append(self._segment_end(state))
-            # Taken on the writer thread, from its fold at this seq (``_Encoder``).
-            writer.append((SNAPSHOT, self._seq, time.time(), None, None, state.step_index, True))
-            self.snapshots += 1
+            if self._fold_ready(writer):
+                writer.append(self._segment_end(state))
+                # Taken on the writer thread, from its fold at this seq (``_Encoder``).
+                writer.append((SNAPSHOT, self._seq, time.time(), None, None, state.step_index,
+                               True))
+                self.snapshots += 1
+            else:  # no fold to take it from: the live state's, which seeds the fold again
+                item = self._live_snapshot(writer, state, periodic=True)
+                if item is not None:
+                    writer.append(item)
+                    self.snapshots += 1
+
+    def _fold_ready(self, writer: EventLogWriter) -> bool:
+        """The writer's fold is on and will still be when it reaches what is
+        queued now (the writer is not ``FOLD_BACKLOG_ITEMS`` behind)."""
+        encoder = self._encoder
+        return (encoder is not None and encoder.folding
+                and writer.queue_len <= FOLD_BACKLOG_ITEMS)
 
     def _rotate(self, writer: EventLogWriter, state: State) -> None:
-        """At a batch boundary: end the segment (its INDEX); the next file starts
-        with a snapshot of the live ``state`` (which also re-seeds the writer's fold)."""
+        """At a batch boundary: the next file starts with a snapshot of the live
+        ``state``."""
+        item = self._live_snapshot(writer, state, periodic=False)
+        if writer.rotate(item) and item is not None:
+            self.snapshots += 1
+
+    def _live_snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool
+                       ) -> tuple[Any, ...] | None:
+        """End the segment (its INDEX) and snapshot the live ``state`` (which also
+        seeds the writer's fold again)."""
         started = time.perf_counter()
         now = time.time()
         writer.append(self._segment_end(state))
         item: tuple[Any, ...] | None
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
-                    state.step_index, False)
+                    state.step_index, periodic)
         except Exception as error:  # a bug; the log goes on, that file needs its predecessors
             item = None
             if not self._warned_snapshot:
@@ -483,8 +528,8 @@ class EventRecorder:
                 _log.warning("event log: state snapshot failed (%r); files rotate without "
                              "one and do not replay alone", error)
         self.snapshot_s += time.perf_counter() - started
-        if writer.rotate(item) and item is not None:
-            self.snapshots += 1
+        self.live_snapshots += item is not None
+        return item
 
     def _segment_end(self, state: State) -> tuple[Any, ...]:
         """The INDEX item that ends a segment; the next snapshot is due

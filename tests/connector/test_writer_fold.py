@@ -2,7 +2,8 @@
 digests are taken from it, never from the live state on the scheduler
 thread, and they equal the live state's; after a GAP it has none to give (a
 periodic snapshot repeats the segment's INDEX, a DIGEST carries no digest)
-until a snapshot of the live state seeds it again."""
+until a snapshot of the live state seeds it again; a writer that falls
+behind stops folding, and the scheduler thread takes the next snapshot."""
 
 from __future__ import annotations
 
@@ -89,3 +90,28 @@ def test_after_a_gap_the_fold_gives_nothing_until_the_live_state_seeds_it() -> N
     feed(2 * third, len(steps))
     snap = _payload(encode((SNAPSHOT, seq, 0.0, None, None, 0, True)))
     assert snap[0] == SNAPSHOT and snap[3] == steps[-1][1][0]
+
+
+def test_a_writer_behind_stops_folding_and_the_live_state_is_snapshotted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recording, "FOLD_BACKLOG_ITEMS", -1)  # always behind
+    directory, world = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,
+                                       concurrency=8, recorder_options={"snapshot_every": 400})
+    result = replay(directory)
+    assert result.ok and result.ended_cleanly and result.snapshots_checked >= 2
+    assert result.events_applied == len(world.applied)
+
+
+def test_the_fold_stops_when_the_writer_is_behind() -> None:
+    config = default_config()
+    steps: list[list[Any]] = []
+    run_workload(config=config, world_size=2, requests=10, seed=2, pool_blocks=48,
+                 concurrency=4, sink=lambda applied, state: steps.append(list(applied)))
+    encode = recording._Encoder(config, 2, VERSIONS, 100, False, "", compress_level=0)
+    encode((HEADER,))
+    encode((INPUTS, 0, 0.0, steps[0]))
+    assert encode.folding
+    encode.backlog = lambda: recording.FOLD_BACKLOG_ITEMS + 1
+    encode((INPUTS, len(steps[0]), 0.0, steps[1]))
+    assert not encode.folding
