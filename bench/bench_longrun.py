@@ -142,7 +142,7 @@ def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
     for when in sorted(receipts_due):
         world.receipts(dict.fromkeys(receipts_due[when], 2))
     world.shutdown()
-    recorder.close(world.state)
+    recorder.close(world.state, timeout_s=3600.0)  # the writer may lag a flat-out producer
     return recorder.events_recorded, last_finished
 
 

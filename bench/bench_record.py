@@ -59,9 +59,9 @@ def measure(steps: int, seed: int, pace: bool = False) -> dict[str, Any]:
                 while writer is not None and (writer.queue_len or writer.writing):
                     time.sleep(0.0002)
 
-        def close(self, state: Any = None) -> None:
+        def close(self, state: Any = None, **options: Any) -> None:
             recorders.append(self)
-            super().close(state)
+            super().close(state, **options)
 
     directory = Path(tempfile.mkdtemp(prefix="bench-record-"))
     bench_longrun.EventRecorder = TimedRecorder  # type: ignore[misc]

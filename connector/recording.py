@@ -580,9 +580,10 @@ class EventRecorder:
             self._batch = []
             self._batch_seq = self._seq
 
-    def close(self, state: State | None = None) -> None:
+    def close(self, state: State | None = None, *, timeout_s: float = 10.0) -> None:
         """Write END (with the final digest if ``state`` is given and no event
-        was rejected), flush, close."""
+        was rejected), flush, close; wait at most ``timeout_s`` for the writer
+        (it warns if it is still writing then, and goes on in the background)."""
         writer = self._writer
         if writer is None:
             return
@@ -601,6 +602,6 @@ class EventRecorder:
                 writer.append((INDEX, self._seq, now, state.step_index))
             writer.append((END, self._seq, now, digest))
         finally:  # whatever failed above, what is queued reaches the disk
-            writer.close()
+            writer.close(timeout_s)
             if self._encoder is not None:
                 self._encoder.close()

@@ -100,6 +100,8 @@ def scan_digests(path: str | os.PathLike[str], prefix: str | None = None) -> Dig
 
 
 def _scan_file(out: Digests, file: Path) -> None:
+    name = str(file)
+    chunks = out.chunks
     decoder = LogDecoder()
     inflater = Inflater()
     segment, chain, broken = 0, None, False
@@ -122,11 +124,19 @@ def _scan_file(out: Digests, file: Path) -> None:
                 # Compact forms after damage in their segment do not decode.
                 out.damage.append(f"{file}@{item.offset}: a record after damage in its segment")
                 continue
+            offset = item.offset
             for index, payload in enumerate(payloads):
-                chunk = _scan_payload(out, decoder, file, item.offset, payload, chain=chain,
-                                      index=index, segment=segment)
-                if chunk is not None and chain is not None:
-                    chain = chunk.key
+                if _kind(payload) == INPUTS:  # the hot path: one per step
+                    chunk = input_chunk(name, offset, payload, index=index, segment=segment,
+                                        chain=chain)
+                    if chunk is not None:
+                        chunks.append(chunk)
+                        if chain is not None:
+                            chain = chunk.key
+                    continue
+                _scan_payload(out, decoder, file, offset, payload)
+            if chunks:
+                out.events_seen = chunks[-1].end_seq
             if kind in (SNAPSHOT, HEADER):  # a segment starts; its first event seeds the chain
                 segment, broken = item.offset, False
                 first = (_peek_snapshot(item.payload)[0] if kind == SNAPSHOT else
@@ -135,26 +145,21 @@ def _scan_file(out: Digests, file: Path) -> None:
                 inflater.reset()
 
 
-def _scan_payload(out: Digests, decoder: LogDecoder, file: Path, offset: int, payload: bytes,
-                  **where: Any) -> Chunk | None:
+def _scan_payload(out: Digests, decoder: LogDecoder, file: Path, offset: int,
+                  payload: bytes) -> None:
+    """A payload other than INPUTS: the digests, headers and the END."""
     kind = _kind(payload)
-    if kind == INPUTS:
-        chunk = input_chunk(str(file), offset, payload, **where)
-        if chunk is not None:
-            out.chunks.append(chunk)
-            out.events_seen = chunk.end_seq
-            return chunk
     if kind == SNAPSHOT:
         seq, digest = _peek_snapshot(payload)
         out.digests[seq - 1] = digest
-        return None
+        return
     if kind not in (HEADER, DIGEST, END):
-        return None
+        return
     try:
         record = decoder.decode(payload)
     except LogCorrupt as error:
         out.damage.append(f"{file}@{offset}: {error}")
-        return None
+        return
     if type(record) is Header:
         out.header = out.header or record
         out.file_starts.append((record.seq, file))
@@ -164,7 +169,6 @@ def _scan_payload(out: Digests, decoder: LogDecoder, file: Path, offset: int, pa
         out.events_total = record.events_total
         if record.digest:
             out.digests[record.seq - 1] = record.digest
-    return None
 
 
 def _peek_snapshot(payload: bytes) -> tuple[int, str]:
@@ -234,7 +238,7 @@ class _Chunks:
     def decode(self, chunk: Chunk) -> list[_Item]:
         path = Path(chunk.path)
         reader = self.readers.get(path)
-        if reader is None or tuple(reader[1]) >= (chunk.offset, chunk.index):
+        if reader is None or tuple(reader[1]) >= (chunk.offset, chunk.number):
             reader = self.readers[path] = (read_file(path, start_offset=chunk.segment), [-1, -1])
         entries, at = reader
         for entry in entries:
@@ -242,12 +246,12 @@ class _Chunks:
                 continue
             index = at[1] + 1 if entry.offset == at[0] else 0
             at[0], at[1] = entry.offset, index
-            if (entry.offset, index) == (chunk.offset, chunk.index):
+            if (entry.offset, index) == (chunk.offset, chunk.number):
                 record = entry.record
                 assert type(record) is Inputs, record
                 return [(record.seq + i, event, check) for i, (event, check)
                         in enumerate(zip(record.events, record.checks, strict=True))]
-        raise LogCorrupt(f"{path}@{chunk.offset}: record {chunk.index} not found")
+        raise LogCorrupt(f"{path}@{chunk.offset}: record {chunk.number} not found")
 
     def close(self) -> None:
         self.readers.clear()

@@ -18,7 +18,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import attrs
 
@@ -120,6 +120,13 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
                 yield Entry(path=name, offset=item.offset, record=record)
 
 
+# The stored keys the snapshots before an offset leave (file, offset, size,
+# mtime -> keys): reading a file from a segment again (diff reads each side
+# twice, explain and seek re-enter files) skips decoding every earlier snapshot.
+_KEYS_BEFORE: dict[tuple[str, int, int, int], tuple[Any, ...] | None] = {}
+_KEYS_BEFORE_MAX = 64
+
+
 def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
             ) -> Iterator[Record | Damage]:
     """The file's frames; from ``start_offset`` after the first (the header).
@@ -128,17 +135,25 @@ def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
     if not start_offset:
         yield from scan_stream(stream)
         return
+    stat = os.fstat(stream.fileno())
+    known = (stream.name, start_offset, stat.st_size, stat.st_mtime_ns)
     header = True
     for item in scan_stream(stream):
         if header:
             yield item
             header = not isinstance(item, Record)
+            if not header and known in _KEYS_BEFORE:
+                decoder.keys = _KEYS_BEFORE[known]
+                break
             continue
         if isinstance(item, Record) and item.offset >= start_offset:
             break
         if isinstance(item, Record) and payload_kind(item.payload) == SNAPSHOT:
             with contextlib.suppress(LogCorrupt):
                 decoder.decode(item.payload)
+    if len(_KEYS_BEFORE) >= _KEYS_BEFORE_MAX:
+        _KEYS_BEFORE.pop(next(iter(_KEYS_BEFORE)))
+    _KEYS_BEFORE[known] = decoder.keys
     stream.seek(start_offset)
     for item in scan_stream(stream):
         if isinstance(item, Record):
@@ -162,12 +177,11 @@ _ARRAY_START = {0xDC: 3, 0xDD: 5}  # array16, array32: bytes before the first it
 _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xCA: 4, 0xCB: 8}
 
 
-@attrs.frozen(kw_only=True)
-class Chunk:
+class Chunk(NamedTuple):
     """An INPUTS record located, not decoded: events ``first_seq`` to
     ``end_seq - 1``, and ``key``, a CRC32 of its body after the envelope's
     wall clock, so equal keys mean equal events and checks. In a schema 4
-    file the record is number ``index`` of the frame at ``offset`` (a batch),
+    file the record is number ``number`` of the frame at ``offset`` (a batch),
     in the segment whose first frame is at ``segment``, and the key is
     chained over the segment's records from its first event: compact forms
     are equal bytes for equal events only after equal records."""
@@ -177,7 +191,7 @@ class Chunk:
     first_seq: int
     end_seq: int
     key: int
-    index: int = 0
+    number: int = 0
     segment: int = 0
 
 
@@ -224,5 +238,5 @@ def input_chunk(path: str, offset: int, payload: bytes, *, index: int = 0, segme
         return None
     body = memoryview(payload)[at:]
     key = zlib.crc32(body) if chain is None else zlib.crc32(body, chain)
-    return Chunk(path=path, offset=offset, first_seq=seq, end_seq=seq + (items - 3) // 2,
-                 key=key, index=index, segment=segment)
+    # Positional: a diff builds one per INPUTS record of both logs.
+    return Chunk(path, offset, seq, seq + (items - 3) // 2, key, index, segment)
