@@ -1,17 +1,15 @@
 """What recording costs: ``EventRecorder.record`` on the scheduler thread and
 the writer thread's CPU, side by side with another revision (not a timed test).
 
-    .venv/bin/python -m bench.bench_record [--steps 20000] [--against aac7820] [--pace]
+    .venv/bin/python -m bench.bench_record [--steps 20000] [--against aac7820]
 
 Drives ``bench.bench_longrun``'s decode-heavy mix over the fake engine for
 ``--steps`` steps; every callback goes through ``EventRecorder.record``,
 timed with ``perf_counter_ns`` (the timing wrapper's own ~0.1 us per call is
 in the numbers, on both sides). Prints record()'s cost per event (a call's
 time over its events): median, p90, p99 and mean (the mean carries the
-digests and snapshots the scheduler thread computes), how many snapshots
-were queued, written, and taken on the scheduler thread (rotations, and
-periodic ones while the writer's fold is off) with their cost, and the
-slowest call; the writer
+digests and snapshots, which the scheduler thread computes), the snapshots'
+cost and the slowest call; the writer
 thread's CPU (the process's CPU time less this thread's) per event and per
 step; and bytes per step. With ``--against REV`` the same runs on ``git
 archive REV`` (e.g. the last schema 3 commit) in a subprocess, and both
@@ -35,12 +33,10 @@ from typing import Any
 
 from bench import bench_longrun
 from connector.recording import EventRecorder
-from offload_fsm.framing import Record, scan
-from offload_fsm.logformat import SCHEMA_VERSION, SNAPSHOT
-from replay.reader import payload_kind
+from offload_fsm.logformat import SCHEMA_VERSION
 
 
-def measure(steps: int, seed: int, pace: bool = False) -> dict[str, Any]:
+def measure(steps: int, seed: int) -> dict[str, Any]:
     costs: list[float] = []
     calls: list[int] = []
     perf = time.perf_counter_ns
@@ -54,10 +50,6 @@ def measure(steps: int, seed: int, pace: bool = False) -> dict[str, Any]:
                 took = perf() - started
                 costs.append(took / len(applied))
                 calls.append(took)
-            if pace:  # untimed: an engine whose steps let the writer keep up
-                writer = self.writer
-                while writer is not None and (writer.queue_len or writer.writing):
-                    time.sleep(0.0002)
 
         def close(self, state: Any = None, **options: Any) -> None:
             recorders.append(self)
@@ -70,17 +62,12 @@ def measure(steps: int, seed: int, pace: bool = False) -> dict[str, Any]:
                                        pool_blocks=4096)
     writer_s = (time.process_time() - cpu) - (time.thread_time() - main)
     size = sum(path.stat().st_size for path in directory.glob("*.lolog"))
-    written = sum(1 for path in directory.glob("*.lolog") for frame in scan(path.read_bytes())
-                  if isinstance(frame, Record) and payload_kind(frame.payload) == SNAPSHOT)
     shutil.rmtree(directory)
     ordered = sorted(costs)
     recorder = recorders[0]
-    live = getattr(recorder, "live_snapshots", recorder.snapshots)  # before the writer's fold
     return {
         "snapshots": recorder.snapshots,
-        "snapshots_written": written,
-        "live_snapshots": live,
-        "snapshot_ms": recorder.snapshot_s * 1e3 / max(1, live),
+        "snapshot_ms": recorder.snapshot_s * 1e3 / max(1, recorder.snapshots),
         "max_call_ms": max(calls) / 1e6,
         "schema": SCHEMA_VERSION, "steps": steps, "events": events,
         "median_ns": statistics.median(ordered),
@@ -92,7 +79,7 @@ def measure(steps: int, seed: int, pace: bool = False) -> dict[str, Any]:
     }
 
 
-def _against(rev: str, steps: int, seed: int, pace: bool) -> dict[str, Any]:
+def _against(rev: str, steps: int, seed: int) -> dict[str, Any]:
     """Run this bench on ``git archive rev`` (with this file copied in)."""
     repo = Path(__file__).resolve().parents[1]
     tree = Path(tempfile.mkdtemp(prefix="bench-record-tree-"))
@@ -103,7 +90,7 @@ def _against(rev: str, steps: int, seed: int, pace: bool) -> dict[str, Any]:
         shutil.copy(__file__, tree / "bench" / "bench_record.py")
         out = subprocess.run(
             [sys.executable, "-m", "bench.bench_record", "--steps", str(steps), "--seed",
-             str(seed), "--json", *(["--pace"] if pace else [])],
+             str(seed), "--json"],
             cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
             capture_output=True, text=True).stdout
         return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
@@ -119,10 +106,8 @@ ROWS = [
     ("writer thread CPU per event", "writer_ns_per_event", 1e-3, "us"),
     ("writer thread CPU per step", "writer_us_per_step", 1.0, "us"),
     ("bytes per step", "bytes_per_step", 1.0, "B"),
-    ("snapshots queued", "snapshots", 1.0, ""),
-    ("snapshot records written", "snapshots_written", 1.0, ""),
-    ("snapshots taken on the scheduler thread", "live_snapshots", 1.0, ""),
-    ("scheduler thread per snapshot it took", "snapshot_ms", 1.0, "ms"),
+    ("snapshots taken", "snapshots", 1.0, ""),
+    ("scheduler thread per snapshot", "snapshot_ms", 1.0, "ms"),
     ("slowest record() call", "max_call_ms", 1.0, "ms"),
 ]
 
@@ -133,21 +118,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--against", help="a git revision to measure side by side")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--pace", action="store_true",
-                        help="after each callback wait (untimed) until the writer has "
-                             "written everything: an engine whose steps take longer than "
-                             "the writer's work, as a model's forward does")
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(measure(args.steps, args.seed, args.pace)))
+        print(json.dumps(measure(args.steps, args.seed)))
         return
-    sides = [measure(args.steps, args.seed, args.pace)]
+    sides = [measure(args.steps, args.seed)]
     if args.against:
-        sides.insert(0, _against(args.against, args.steps, args.seed, args.pace))
+        sides.insert(0, _against(args.against, args.steps, args.seed))
     names = [f"schema {s['schema']}" + (f" ({args.against})" if args.against and i == 0
                                         else " (this tree)") for i, s in enumerate(sides)]
-    print(f"{args.steps:,} steps, {sides[-1]['events']:,} events (bench_longrun's mix"
-          f"{', paced' if args.pace else ', flat out'})")
+    print(f"{args.steps:,} steps, {sides[-1]['events']:,} events (bench_longrun's mix)")
     print(f"| metric | {' | '.join(names)} |")
     print(f"|---|{'---|' * len(sides)}")
     for label, key, scale, unit in ROWS:

@@ -14,9 +14,8 @@ Contract towards the caller (the vLLM scheduler thread)
   step amortises the 12 framing bytes and the envelope over a step's events
   and keeps the reader's per-record work small; the price is that a crash
   also loses the open step's events, which were not yet queued. Every
-  ``digest_every`` events (at least 64 per live request) it also enqueues a
-  DIGEST, which the writer thread computes from its own fold of the events it
-  encodes (below): the scheduler thread never walks the whole state for it.
+  ``digest_every`` events it also enqueues ``codec.state_digest(state)``,
+  computed here because the state is mutated by the next ``step``.
 * :meth:`EventRecorder.record_rejected` is the poison path: the callback's
   ``drive`` failed (``StepFailed``). It records the events that applied
   before the failure as :meth:`record` would, closes the batch and enqueues
@@ -44,25 +43,11 @@ batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
 the directory within ``max_total_bytes`` by deleting the oldest files.
 
-The writer's fold. The core is pure, so the writer thread applies every
-event it encodes to a state of its own (``_Encoder``); it equals the live
-state at each item's seq. The periodic snapshots and the DIGESTs come from
-it, so neither costs the scheduler thread more than a queued tuple; the live
-state is digested only in the rotation's snapshot and in the END, which is
-where replay compares the recording process's own state with its fold. The
-fold stops at a GAP (it missed events), at a REJECTED (the machine closed)
-and when the writer falls ``FOLD_BACKLOG_ITEMS`` items behind (it then
-catches up at the cost of encoding alone). Without a fold this thread takes
-the next periodic snapshot and digests of the live state, as before the
-fold existed, and that snapshot seeds the fold again; a periodic snapshot
-already queued when the fold stopped becomes a repeat of the segment's
-INDEX, and such a DIGEST carries no digest (replay skips it).
-
 Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
-batch boundary, a snapshot starts a new *segment* within the file, and
-before each snapshot (and the END) this thread queues an INDEX item, which
-the writer thread turns into the ending segment's index (its steps and
-request ids) for ``replay explain``'s seeking. The writer
+batch boundary, this thread also takes a snapshot that starts a new
+*segment* within the file, and before each snapshot (and the END) queues an
+INDEX item, which the writer thread turns into the ending segment's index
+(its steps and request ids) for ``replay explain``'s seeking. The writer
 thread encodes events in compact forms (window deltas, hash references)
 and deflates each flush's records into one BATCH record at
 ``compress_level`` (0: plain, one frame per record); a file's snapshots
@@ -80,12 +65,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
 from connector.eventlog import EventLogWriter, default_prefix
-from offload_fsm import new_state, snapshot
+from offload_fsm import snapshot
 from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
 from offload_fsm.events import Event, StepScheduled
@@ -121,15 +106,12 @@ from offload_fsm.logformat import (
     encode_snapshot,
 )
 from offload_fsm.logwire import wire
-from offload_fsm.machine import Outcome, step
+from offload_fsm.machine import Outcome
 from offload_fsm.state import State
 
 __all__ = ["EventRecorder", "installed_versions"]
 
 _NEW_FILE = (HEADER,)
-# The writer thread stops folding when it is this many items behind (to catch
-# up); the scheduler thread then takes the next periodic snapshot itself.
-FOLD_BACKLOG_ITEMS = 512
 _BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
 
@@ -181,14 +163,6 @@ class _Encoder:
         compress_level: int = 6,
     ) -> None:
         self._config = config.to_wire()
-        self._offload_config = config
-        # The writer thread's own fold of every event it encodes (the core is
-        # pure): periodic snapshots and digests come from it, so they cost the
-        # scheduler thread nothing. None once it may have missed an event (a
-        # GAP) or the machine closed (a REJECTED), until a snapshot of the live
-        # state (a rotation's) seeds it again.
-        self._shadow: State | None = new_state(config, world_size=world_size)
-        self.backlog: Callable[[], int] = lambda: 0  # items queued behind this one
         self._engine_index = engine_index
         self._policy = config.policy.value
         self._world_size = world_size
@@ -236,7 +210,6 @@ class _Encoder:
         if kind == INPUTS:
             _, seq, wall_s, applied = item
             self._item_seq = seq
-            self._fold(applied)
             wall_ms = round((wall_s - created) * 1000.0)
             try:
                 payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
@@ -250,8 +223,6 @@ class _Encoder:
             return payload
         elif kind == DIGEST:
             _, seq, wall_s, digest = item
-            if digest is None:  # from the fold ("" when it has none: replay skips it)
-                digest = "" if self._shadow is None else state_digest(self._shadow)
             if self._pub_endpoint:
                 self._publish(self._header_payload)  # late subscribers get the context
             payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
@@ -264,7 +235,6 @@ class _Encoder:
             payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
             if not after_snapshot:
                 self._requests = None  # the lost events named requests unknown
-                self._shadow = None  # and the fold missed them
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
@@ -273,21 +243,10 @@ class _Encoder:
             self._item_seq = seq
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
-            self._shadow = None  # the live machine is poisoned: no more snapshots
             self._next_seq = seq + 1
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
             _, seq, wall_s, digest, state, step_index, periodic = item
-            if state is None:  # periodic: taken from the fold
-                shadow = self._shadow
-                if shadow is None:  # none to take: repeat the segment's INDEX instead
-                    self._after_snapshot = False
-                    return self._index(seq, wall_s, step_index)
-                state, digest = snapshot.to_wire(shadow), state_digest(shadow)
-            elif self.backlog() <= FOLD_BACKLOG_ITEMS:  # the live state's: seeds the fold
-                self._shadow = snapshot.from_wire(state, self._offload_config)
-            else:  # still behind: no fold yet (the next live snapshot seeds it)
-                self._shadow = None
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -298,7 +257,11 @@ class _Encoder:
             return payload
         elif kind == INDEX:
             _, seq, wall_s, step_index = item
-            return self._index(seq, wall_s, step_index)
+            requests = self._requests
+            if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
+                requests = None
+            return encode_index(self._segment_seq, round((wall_s - created) * 1000.0),
+                                self._segment_step, seq, step_index, requests)
         else:
             payload = self._header()
             self._start_segment()
@@ -307,33 +270,6 @@ class _Encoder:
         if self._pub_endpoint:
             self._publish(payload)
         return payload
-
-    def _index(self, seq: int, wall_s: float, step_index: int) -> bytes:
-        """The open segment's INDEX, up to ``seq`` (a later one supersedes it)."""
-        requests = self._requests
-        if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
-            requests = None
-        return encode_index(self._segment_seq, round((wall_s - self._created_s) * 1000.0),
-                            self._segment_step, seq, step_index, requests)
-
-    @property
-    def folding(self) -> bool:
-        """Whether the fold is there to take periodic snapshots and digests
-        from (read by the scheduler thread: one attribute load)."""
-        return self._shadow is not None
-
-    def _fold(self, applied: Sequence[tuple[Event, Outcome]]) -> None:
-        shadow = self._shadow
-        if shadow is None:
-            return
-        if self.backlog() > FOLD_BACKLOG_ITEMS:  # behind: catch up, the live state seeds again
-            self._shadow = None
-            return
-        try:
-            for event, _ in applied:
-                step(shadow, event)
-        except Exception:  # the live machine rejected it too: REJECTED follows
-            self._shadow = None
 
     def _add_requests(self, event: Event) -> None:
         if self._requests is not None:
@@ -416,8 +352,7 @@ class EventRecorder:
         self._snapshot_every = snapshot_every
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
-        self.snapshots = 0  # queued: the writer's fold takes some, this thread the others
-        self.live_snapshots = 0  # taken on this thread (rotations, no fold to take them)
+        self.snapshots = 0
         self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
@@ -443,8 +378,6 @@ class EventRecorder:
             pack=self._encoder.pack if compress_level else None,
             batchable=_batchable,
         )
-        writer = self._writer
-        self._encoder.backlog = lambda: writer.queue_len
 
     @property
     def enabled(self) -> bool:
@@ -471,52 +404,31 @@ class EventRecorder:
             return
         end = self._number(writer, applied)
         if end >= self._next_digest > 0:
-            # The writer's fold walks its whole state for a digest: space digests
-            # by at least 64 events per live request so that stays O(1) per event.
+            # The digest walks the live state on this thread: space digests by
+            # at least 64 events per live request so its cost stays O(1) per event.
             live = len(state.requests) + len(state.batches)
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
-            folding = self._fold_ready(writer)
-            # The writer's fold digests; without one (it is catching up) this thread does.
-            writer.append((DIGEST, end - 1, time.time(), None if folding else state_digest(state)))
+            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
         if self._batch or self._rejected:
             return
         if writer.rotation_due:
             self._rotate(writer, state)
         elif end >= self._next_snapshot > 0:
-            if self._fold_ready(writer):
-                writer.append(self._segment_end(state))
-                # Taken on the writer thread, from its fold at this seq (``_Encoder``).
-                writer.append((SNAPSHOT, self._seq, time.time(), None, None, state.step_index,
-                               True))
+            item = self._snapshot(writer, state, periodic=True)
+            if item is not None:
+                writer.append(item)
                 self.snapshots += 1
-            else:  # no fold to take it from: the live state's, which seeds the fold again
-                item = self._live_snapshot(writer, state, periodic=True)
-                if item is not None:
-                    writer.append(item)
-                    self.snapshots += 1
 
-    def _fold_ready(self, writer: EventLogWriter) -> bool:
-        """The writer's fold is on and will still be when it reaches what is
-        queued now (the writer is not ``FOLD_BACKLOG_ITEMS`` behind)."""
-        encoder = self._encoder
-        return (encoder is not None and encoder.folding
-                and writer.queue_len <= FOLD_BACKLOG_ITEMS)
-
-    def _rotate(self, writer: EventLogWriter, state: State) -> None:
-        """At a batch boundary: the next file starts with a snapshot of the live
-        ``state``."""
-        item = self._live_snapshot(writer, state, periodic=False)
-        if writer.rotate(item) and item is not None:
-            self.snapshots += 1
-
-    def _live_snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool
-                       ) -> tuple[Any, ...] | None:
-        """End the segment (its INDEX) and snapshot the live ``state`` (which also
-        seeds the writer's fold again)."""
+    def _snapshot(self, writer: EventLogWriter, state: State, *, periodic: bool = False
+                  ) -> tuple[Any, ...] | None:
+        """At a batch boundary: end the segment (its INDEX) and snapshot ``state``
+        to start the next; the next periodic one is ``snapshot_every`` events on."""
         started = time.perf_counter()
         now = time.time()
-        writer.append(self._segment_end(state))
+        writer.append((INDEX, self._seq, now, state.step_index))
+        self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
+                               else -1)
         item: tuple[Any, ...] | None
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
@@ -528,15 +440,13 @@ class EventRecorder:
                 _log.warning("event log: state snapshot failed (%r); files rotate without "
                              "one and do not replay alone", error)
         self.snapshot_s += time.perf_counter() - started
-        self.live_snapshots += item is not None
         return item
 
-    def _segment_end(self, state: State) -> tuple[Any, ...]:
-        """The INDEX item that ends a segment; the next snapshot is due
-        ``snapshot_every`` events on."""
-        self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
-                               else -1)
-        return (INDEX, self._seq, time.time(), state.step_index)
+    def _rotate(self, writer: EventLogWriter, state: State) -> None:
+        """At a batch boundary: the next file starts with a snapshot of ``state``."""
+        item = self._snapshot(writer, state)
+        if writer.rotate(item) and item is not None:
+            self.snapshots += 1
 
     def record_rejected(
         self,

@@ -307,12 +307,13 @@ def diff_logs(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str], *,
         result.kind = "length"
         result.detail = (f"A holds {a.events_seen} events, B {b.events_seen}; "
                          "all events both hold match")
-    if not result.identical and result.kind in ("input", "outcome"):
-        result.a = _side(a, result.seq, result.item_a)
-        result.b = _side(b, result.seq, result.item_b)
-    if ledgers:
-        result.counters_a = _final_counters(a)
-        result.counters_b = _final_counters(b)
+    shown = not result.identical and result.kind in ("input", "outcome")
+    for scanned, item, side in ((a, result.item_a, "a"), (b, result.item_b, "b")):
+        recomputed, counters = _replay_end(scanned, result.seq if shown else None, ledgers)
+        if shown:
+            setattr(result, side, _side(item, recomputed))
+        if ledgers:
+            setattr(result, f"counters_{side}", counters)
     return result
 
 
@@ -392,13 +393,14 @@ def _diverge(result: DiffResult, seq: int, kind: str, detail: str, x: Any, y: An
     result.item_b = y
 
 
-def _side(scanned: Digests, seq: int, item: _Item | None) -> Side:
+def _side(item: _Item | None, recomputed: Outcome | None) -> Side:
+    """One log's side: its event, and its outcome decoded (full outcomes),
+    else ``recomputed`` by this code against the recorded check."""
     if item is None:
         return Side(event=None, check=None, outcome="(no such event)")
     _, event, check = item
     if type(check) is not int:
         return Side(event=event, check=check, outcome=_format_wire(check))
-    recomputed = _recompute(scanned, seq)
     if recomputed is None:
         return Side(event=event, check=check, outcome=f"check {check:#010x}")
     got = outcome_check(recomputed)
@@ -418,20 +420,30 @@ def _file_of(scanned: Digests, seq: int) -> Path | None:
     return found
 
 
-def _recompute(scanned: Digests, seq: int) -> Outcome | None:
-    """The outcome of event ``seq`` under this code: a replay of its file
-    alone, from the last segment (snapshot) before it."""
-    file = _file_of(scanned, seq)
-    if file is None:
-        return None
+def _replay_end(scanned: Digests, seq: int | None, ledgers: bool
+                ) -> tuple[Outcome | None, dict[str, int]]:
+    """The outcome of event ``seq`` under this code (None: not asked) and,
+    with ``ledgers``, the log's final counters: replays of a file alone from
+    its last segment (snapshot) before the event or the end; one replay
+    serves both when the event is in the last file."""
     found: list[Outcome] = []
 
     def observer(at: int, event: Event, outcome: Outcome, state: State) -> None:
         if at == seq:
             found.append(outcome)
 
-    _replay_tail(file, seq, observer, lambda fold: fold.next_seq > seq)
-    return found[0] if found else None
+    last = scanned.file_starts[-1][1] if scanned.file_starts else None
+    file = _file_of(scanned, seq) if seq is not None else None
+    if ledgers and file is not None and file == last:
+        assert seq is not None
+        counters = _counters(_replay_tail(file, seq, observer, lambda fold: False))
+        return (found[0] if found else None), counters
+    if file is not None:
+        assert seq is not None
+        _replay_tail(file, seq, observer, lambda fold: fold.next_seq > seq)
+    counters = (_counters(_replay_tail(last, 1 << 62, None, lambda fold: False))
+                if ledgers and last is not None else {})
+    return (found[0] if found else None), counters
 
 
 def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResult:
@@ -442,10 +454,7 @@ def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResul
     return result if result is not None else replay(file, observer=observer)
 
 
-def _final_counters(scanned: Digests) -> dict[str, int]:
-    if not scanned.file_starts:
-        return {}
-    result = _replay_tail(scanned.file_starts[-1][1], 1 << 62, None, lambda fold: False)
+def _counters(result: ReplayResult) -> dict[str, int]:
     if result.state is None:
         return {}
     return {name.value: value for name, value in result.state.counters.items()}
