@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,8 +32,28 @@ QUIET_ENV = {
 }
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a currently unused TCP port on ``host``."""
+    """Return a currently unused TCP port on ``host``, below the kernel's ephemeral range.
+
+    A port from the ephemeral range can be taken, once its server is killed, by a client that
+    keeps reconnecting to it: the kernel may give the client's socket that very port as its
+    source and the connection meets itself (a TCP self-connect), so a restart on the same port
+    finds it in use.  Ports below the range are never handed out as sources.
+    """
+    low, _ = _ephemeral_range()
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        if _ports_free(host, (port,)):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -235,9 +256,13 @@ class LMCacheServer:
         if self._proc is not None:
             self.stop()
         deadline = time.monotonic() + self.startup_timeout_s
-        while not _ports_free(self.host, (self.port, self.http_port, self.prometheus_port)):
+        ports = (self.port, self.http_port, self.prometheus_port)
+        while busy := [port for port in ports if not _ports_free(self.host, (port,))]:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ports {self.port}/{self.http_port} still in use")
+                raise TimeoutError(
+                    f"ports {busy} of {ports} (zmq/http/prometheus) still in use "
+                    f"{self.startup_timeout_s:.0f}s after the server stopped"
+                )
             time.sleep(0.2)
         return self.start(same_ports=True)
 
