@@ -141,6 +141,8 @@ class EventSourcedManager:
         self._left: ShutdownLeft | None = None
         self._log = get_logger()
         self._narrator = Narrator(self._log, clock)
+        # Prompt length of each request still prefilling (``_reserve_blocks``).
+        self._prefilling: dict[str, int] = {}
 
     @property
     def draining(self) -> bool:
@@ -371,20 +373,34 @@ class EventSourcedManager:
 
     def _reserve_blocks(self, scheduler_output: Any) -> int:
         """Blocks this step's running requests are expected to need next step:
-        a decode whose next token starts a new block, and a prefilling request
-        continuing with a chunk like this one."""
+        a decode (or a prefill that ends this step) whose next token starts a
+        new block, and a prefilling request continuing with a chunk like this
+        one, but no further than its prompt's end.
+
+        The prompt's length comes from the request's first scheduling
+        (``scheduled_new_reqs``) and is kept while the request is still
+        prefilling and scheduled every step (at most one entry per running
+        request); a request whose length is not known is assumed to continue
+        with a chunk like this one."""
         block = self._group_tokens_per_block[0] if self._group_tokens_per_block else 1
         scheduled = scheduler_output.num_scheduled_tokens
+        known, prefilling = self._prefilling, {}
         need = 0
         for request in scheduler_output.scheduled_new_reqs:
-            need += -(-scheduled[request.req_id] // block)  # prefilling: another chunk
+            prompt = request.prompt_token_ids
+            known_tokens = len(prompt) if prompt is not None else None
+            need += _next_need(request.req_id, request.num_computed_tokens,
+                               scheduled[request.req_id], known_tokens, block, prefilling)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             tokens = scheduled[req_id]
-            if tokens > 1:
-                need += -(-tokens // block)
-            elif (done + tokens) % block == 0:
+            if req_id in known:
+                need += _next_need(req_id, done, tokens, known[req_id], block, prefilling)
+            elif tokens > 1:
+                need += -(-tokens // block)  # prompt length unknown: another chunk
+            elif (done + 1) % block == 0:
                 need += 1  # a decode whose next token opens a new block
+        self._prefilling = prefilling
         return need * max(1, len(self._group_tokens_per_block))
 
     def _blocks_for(self, tokens: int) -> int:
@@ -521,6 +537,22 @@ def _stats(drain: DrainOnly) -> dict[str, int]:
         "abandoned_batches": stats.abandoned_batches,
         "sessions_ended": stats.sessions_ended,
     }
+
+
+def _next_need(req_id: str, computed_tokens: int, scheduled_tokens: int,
+               prompt_tokens: int | None, block_tokens: int, prefilling: dict[str, int]) -> int:
+    """Blocks one scheduled request needs next step (see ``_reserve_blocks``);
+    records it in ``prefilling`` when its prompt continues past this step."""
+    done = computed_tokens + scheduled_tokens
+    if prompt_tokens is None:
+        if scheduled_tokens > 1:
+            return -(-scheduled_tokens // block_tokens)
+        return 1 if done % block_tokens == 0 else 0
+    if done >= prompt_tokens:
+        return 1 if done % block_tokens == 0 else 0  # decodes next
+    prefilling[req_id] = prompt_tokens
+    later = done + min(prompt_tokens - done, scheduled_tokens)
+    return -(-later // block_tokens) - -(-done // block_tokens)
 
 
 def _allocated_block_ids(scheduler_output: Any) -> list[int]:
