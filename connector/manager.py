@@ -384,7 +384,8 @@ class EventSourcedManager:
         with a chunk like this one."""
         block = self._group_tokens_per_block[0] if self._group_tokens_per_block else 1
         scheduled = scheduler_output.num_scheduled_tokens
-        known, prefilling = self._prefilling, {}
+        known = self._prefilling
+        prefilling: dict[str, int] = {}
         need = 0
         for request in scheduler_output.scheduled_new_reqs:
             prompt = request.prompt_token_ids
