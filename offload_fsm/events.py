@@ -65,8 +65,9 @@ class StepScheduled:
       allocated_blocks: gross count of block ids newly handed out this step.
       next_step_blocks: feed-forward estimate of next step's allocation.
       reserve_blocks: the shell's estimate of the blocks this step's running
-        requests need next step (decodes crossing a block boundary plus
-        continuing prefill chunks): the reserve the pin budget keeps free.
+        requests need next step (decodes crossing a block boundary, and
+        continuing prefill chunks up to each prompt's end): the reserve the
+        pin budget keeps free.
       free_blocks: length of vLLM's free queue after this step's allocation.
       window_block_ids: the first ``window_depth(...)`` block ids of the free
         queue from the eviction head (rank 0 first), as the connector read them.
