@@ -93,7 +93,13 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome, has_in_flight, keeps_stepping, window_depth
+from offload_fsm.machine import (
+    Outcome,
+    changed_hashes,
+    has_in_flight,
+    keeps_stepping,
+    window_depth,
+)
 from offload_fsm.pins import decref
 
 
@@ -344,7 +350,9 @@ class EventSourcedManager:
         if tokens:
             owners = self.state.owners  # read-only: the core's watch set
             watched = [b for b in allocated if b in owners]
-            reallocated = tuple(zip(watched, blocks.hashes_of(pool, watched), strict=True))
+            if watched:
+                reallocated = changed_hashes(self.state, watched,
+                                             blocks.hashes_of(pool, watched))
         self._feed(StepScheduled(
             scheduled_tokens=tokens,
             allocated_blocks=len(allocated),

@@ -72,8 +72,11 @@ class StepScheduled:
       window_block_ids: the first ``window_depth(...)`` block ids of the free
         queue from the eviction head (rank 0 first), as the connector read them.
       reallocated: ``(block_id, hash_now)`` for every block this step allocated
-        that the core watches (``State.watches``): how reuse is seen
-        incrementally, without re-hashing the backlog.
+        that the core watches (``queries.watches``) whose hash is no longer the
+        one its buffered ops snapshotted (``queries.changed_hashes``): how
+        reuse is seen incrementally, without re-hashing the backlog. A
+        prefix-cache hit on a watched block keeps its hash and is left out
+        (logs written before carried those too; to the core they are no-ops).
       time_s: logical time, for ``max_deferral_seconds``.
     """
 

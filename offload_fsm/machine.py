@@ -95,11 +95,17 @@ from offload_fsm.events import (
 from offload_fsm.hooks import Scope
 from offload_fsm.legality import check
 from offload_fsm.policies import hooks_for
-from offload_fsm.queries import has_in_flight, keeps_stepping, watches, window_depth
+from offload_fsm.queries import (
+    changed_hashes,
+    has_in_flight,
+    keeps_stepping,
+    watches,
+    window_depth,
+)
 from offload_fsm.state import State
 
-__all__ = ["Outcome", "drive", "has_in_flight", "keeps_stepping", "step", "watches",
-           "window_depth"]
+__all__ = ["Outcome", "changed_hashes", "drive", "has_in_flight", "keeps_stepping", "step",
+           "watches", "window_depth"]
 
 
 @attrs.frozen(kw_only=True)

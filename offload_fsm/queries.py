@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from offload_fsm.policies import hooks_for
-from offload_fsm.state import BatchStatus, State
+from offload_fsm.state import BatchStatus, BlockHash, State
 
 
 def window_depth(
@@ -22,6 +24,18 @@ def window_depth(
 def watches(state: State, block_id: int) -> bool:
     """Whether a buffered op covers ``block_id`` (report it when reallocated)."""
     return block_id in state.owners
+
+
+def changed_hashes(
+    state: State, block_ids: Sequence[int], hashes_now: Sequence[BlockHash]
+) -> tuple[tuple[int, BlockHash], ...]:
+    """``StepScheduled.reallocated`` for blocks allocated this step: the
+    ``(block id, hash now)`` of each watched block whose hash is no longer the
+    one its buffered ops snapshotted. An allocation that keeps the hash (a
+    prefix-cache hit on a cached free block) changes nothing and is left out."""
+    snapshot = state.owner_hashes
+    return tuple((block_id, now) for block_id, now in zip(block_ids, hashes_now, strict=True)
+                 if snapshot.get(block_id, now) != now)
 
 
 def has_in_flight(state: State) -> bool:
