@@ -39,7 +39,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import msgpack
@@ -460,10 +460,22 @@ def _counters(result: ReplayResult) -> dict[str, int]:
     return {name.value: value for name, value in result.state.counters.items()}
 
 
+OUTCOME_ITEMS_SHOWN: Final = 16  # decisions and commands a side's outcome lists
+
+
 def _format_wire(value: Any) -> str:
+    """An outcome's decisions then commands, the first OUTCOME_ITEMS_SHOWN of
+    them and a count of the rest (a shutdown can drop hundreds of ops at once)."""
     decisions, commands = value
-    parts = [repr(from_wire(d)) for d in decisions] + [repr(from_wire(c)) for c in commands]
-    return "[" + ", ".join(parts) + "]" if parts else "[] (nothing)"
+    items = [*decisions, *commands]
+    if not items:
+        return "[] (nothing)"
+    parts = [repr(from_wire(item)) for item in items[:OUTCOME_ITEMS_SHOWN]]
+    left = len(items) - len(parts)
+    if left:
+        parts.append(f"... {left} more ({len(decisions)} decisions and {len(commands)} "
+                     "commands in all)")
+    return "[" + ", ".join(parts) + "]"
 
 
 def format_diff(result: DiffResult, name_a: str, name_b: str) -> str:

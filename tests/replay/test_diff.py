@@ -121,3 +121,21 @@ def test_damage_and_usage(mixed_log: Path, tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     assert _run("diff", str(mixed_log), str(tmp_path / "b"))[0] == 3
     assert _run("diff", str(mixed_log), str(tmp_path / "nothing"))[0] == 2
+
+
+def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
+    from offload_fsm.codec import to_wire
+    from offload_fsm.commands import EndSession
+    from offload_fsm.decisions import DropCause, OpsDropped
+    from replay.diff import OUTCOME_ITEMS_SHOWN, _format_wire
+
+    drops = [to_wire(OpsDropped(req_id=f"r{n}", start_token=0, end_token=256, ops=1,
+                                tokens=256, cause=DropCause.SHUTDOWN, block_id=-1))
+             for n in range(40)]
+    ends = [to_wire(EndSession(req_id=f"r{n}")) for n in range(3)]
+    text = _format_wire((drops, ends))
+    assert text.count("OpsDropped(") == OUTCOME_ITEMS_SHOWN
+    assert f"... {43 - OUTCOME_ITEMS_SHOWN} more (40 decisions and 3 commands in all)" in text
+    assert "EndSession" not in text
+    short = _format_wire((drops[:2], ends[:1]))
+    assert short.count("OpsDropped(") == 2 and "EndSession" in short and "more" not in short
