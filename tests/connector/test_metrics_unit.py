@@ -5,6 +5,7 @@ the ledger closes from its samples alone."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,9 +19,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # no
 
 from connector import metrics  # noqa: E402
 from connector.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: E402
+from offload_fsm import Policy  # noqa: E402
 from offload_fsm.counters import Counter as CoreCounter  # noqa: E402
 from offload_fsm.decisions import SelectReason  # noqa: E402
+from offload_fsm.machine import step  # noqa: E402
+from offload_fsm.state import new_state  # noqa: E402
 from tests.connector.test_manager_faults import Shell  # noqa: E402
+from tests.offload_fsm.helpers import random_world_run  # noqa: E402
 
 
 def test_every_core_counter_is_exported() -> None:
@@ -171,3 +176,25 @@ def test_prom_metrics_and_ledger_from_samples() -> None:
         _sample(registry, f"vllm:lazy_offload_{name}_total") for name in
         ("stored_ops", "failed_ops", "abandoned_ops")) + dropped
     assert _sample(registry, "vllm:lazy_offload_admitted_ops_total") == right
+
+
+@pytest.mark.parametrize("policy", [Policy.EVICTION_AWARE, Policy.FIFO])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_ops_pass_is_skipped_only_when_it_would_give_the_same_gauges(
+    policy: Policy, seed: int
+) -> None:
+    """Over a seeded random run of the fake world (arrivals, steps, finishes,
+    preemptions, receipts, failures, cache resets), after every event: the gauges
+    (the pass over the ops taken only when a MOVES counter moved) equal a fresh pass."""
+    world = random_world_run(policy, seed, 1500)
+    events = [event for event, _ in world.applied]
+    state = new_state(world.state.config, world_size=world.state.world_size)
+    source = metrics.StatsSource(SimpleNamespace(state=state, draining=False))
+    walks = 0
+    for event in events:
+        step(state, event)
+        before = source._walked_at
+        gauges = source.gauges(state)
+        walks += source._walked_at != before
+        assert {k: gauges[k] for k in source._walked} == source.walk(state, False), event
+    assert walks < len(events) // 2  # most events leave the ops as they were
