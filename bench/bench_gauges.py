@@ -1,0 +1,84 @@
+"""What the metrics gauges cost per scheduler step on a recorded log (not a timed test).
+
+    .venv/bin/python -m bench.bench_gauges LOG [--prefix RUN]
+
+vLLM's scheduler calls the connector's ``get_kv_connector_stats`` every step
+(with stats on), and ``connector.metrics.StatsSource.gauges`` runs there. This
+folds the log's events through ``offload_fsm.machine.step`` and, after each
+``StepScheduled``, times ``gauges`` (which passes over the buffered and
+in-flight ops only when one of them or a pin moved) and, side by side on the
+same state, ``walk`` (that pass, taken every time). Prints p50 / p99 / mean of
+both and how many steps took the pass.
+A log to use: the ``ours EA`` arm of ``python -m bench.simulate`` (its
+``event_log_dir`` is printed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from types import SimpleNamespace
+
+from connector.metrics import StatsSource
+from offload_fsm.events import Event, ShutdownRequested, StepScheduled
+from offload_fsm.logformat import Header, Inputs
+from offload_fsm.machine import step
+from offload_fsm.state import new_state
+from replay.reader import Entry, read_log
+from replay.runner import config_of
+
+
+def _line(name: str, samples_s: list[float]) -> str:
+    ordered = sorted(samples_s)
+    n = len(ordered)
+    return (f"  {name:<22} p50 {ordered[n // 2] * 1e6:8.1f} us  p99 "
+            f"{ordered[int(n * 0.99)] * 1e6:8.1f} us  mean {sum(ordered) / n * 1e6:8.1f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="a log file or directory")
+    parser.add_argument("--prefix", default=None, help="the run's file prefix in a directory")
+    args = parser.parse_args()
+    header: Header | None = None
+    events: list[Event] = []
+    for entry in read_log(args.log, args.prefix):
+        if not isinstance(entry, Entry):
+            continue
+        if isinstance(entry.record, Header) and header is None:
+            header = entry.record
+        elif isinstance(entry.record, Inputs):
+            events.extend(entry.record.events)
+    if header is None:
+        parser.error(f"{args.log}: no header record")
+    state = new_state(config_of(header), world_size=header.world_size)
+    source = StatsSource(SimpleNamespace(state=state, draining=False))
+    gauges_s: list[float] = []
+    walk_s: list[float] = []
+    walks = 0
+    for event in events:
+        if isinstance(event, ShutdownRequested):
+            break
+        step(state, event)
+        if not isinstance(event, StepScheduled):
+            continue
+        before = source._walked_at
+        started = time.perf_counter()
+        source.gauges(state)
+        gauges_s.append(time.perf_counter() - started)
+        walks += source._walked_at != before
+        started = time.perf_counter()
+        source.walk(state, False)
+        walk_s.append(time.perf_counter() - started)
+    if not gauges_s:
+        parser.error(f"{args.log}: no scheduler steps")
+    buffered = sum(len(rec.ops) for rec in state.pending.values())
+    print(f"{args.log}: {len(gauges_s):,} steps, {walks:,} took the pass over the ops; "
+          f"{buffered:,} ops buffered at the end")
+    print(_line("gauges() (as shipped)", gauges_s))
+    print(_line("walk() every step", walk_s))
+
+
+if __name__ == "__main__":
+    main()
