@@ -29,6 +29,20 @@ from replay.reader import Entry, read_log
 from replay.runner import config_of
 
 
+def read_events(log: str, prefix: str | None) -> tuple[Header | None, list[Event]]:
+    """A run's first header and every input event, in order (decoded once)."""
+    header: Header | None = None
+    events: list[Event] = []
+    for entry in read_log(log, prefix):
+        if not isinstance(entry, Entry):
+            continue
+        if isinstance(entry.record, Header) and header is None:
+            header = entry.record
+        elif isinstance(entry.record, Inputs):
+            events.extend(entry.record.events)
+    return header, events
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,17 +50,10 @@ def main() -> None:
     parser.add_argument("--prefix", default=None, help="the run's file prefix in a directory")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    header: Header | None = None
-    events: list[Event] = []
-    for entry in read_log(args.log, args.prefix):
-        if not isinstance(entry, Entry):
-            continue
-        if isinstance(entry.record, Header) and header is None:
-            header = entry.record
-        elif isinstance(entry.record, Inputs):
-            events.extend(entry.record.events)
+    header, events = read_events(args.log, args.prefix)
     if header is None:
         parser.error(f"{args.log}: no header record")
+
     def fresh() -> State:
         assert header is not None
         return new_state(config_of(header), world_size=header.world_size)

@@ -19,12 +19,11 @@ import argparse
 import time
 from types import SimpleNamespace
 
+from bench.bench_fold import read_events
 from connector.metrics import StatsSource
-from offload_fsm.events import Event, ShutdownRequested, StepScheduled
-from offload_fsm.logformat import Header, Inputs
+from offload_fsm.events import ShutdownRequested, StepScheduled
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
-from replay.reader import Entry, read_log
 from replay.runner import config_of
 
 
@@ -41,15 +40,7 @@ def main() -> None:
     parser.add_argument("log", help="a log file or directory")
     parser.add_argument("--prefix", default=None, help="the run's file prefix in a directory")
     args = parser.parse_args()
-    header: Header | None = None
-    events: list[Event] = []
-    for entry in read_log(args.log, args.prefix):
-        if not isinstance(entry, Entry):
-            continue
-        if isinstance(entry.record, Header) and header is None:
-            header = entry.record
-        elif isinstance(entry.record, Inputs):
-            events.extend(entry.record.events)
+    header, events = read_events(args.log, args.prefix)
     if header is None:
         parser.error(f"{args.log}: no header record")
     state = new_state(config_of(header), world_size=header.world_size)
