@@ -423,12 +423,13 @@ class EventSourcedManager:
     def _feed(self, event: Event) -> None:
         self._applied(drive(self.state, event, self._execute))
 
-    def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...]) -> None:
+    def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...], *,
+                 record: bool = True) -> None:
         for _, outcome in applied:
             self._note(outcome)
             self._narrator.note(outcome)
         self._seq += len(applied)
-        if self._recorder is not None and applied:
+        if record and self._recorder is not None and applied:
             self._recorder.record(list(applied), self.state)
 
     def _execute(self, command: Command) -> Event | None:
@@ -504,7 +505,9 @@ class EventSourcedManager:
         reason = getattr(error, "reason", None) or f"{type(error).__name__}: {error}"
         try:
             if isinstance(error, StepFailed | CommandFailed):
-                self._applied(error.applied)  # these did apply: log and record them
+                # These did apply: note them, and record them (a rejection's
+                # record_rejected records them before its REJECTED, once).
+                self._applied(error.applied, record=not isinstance(error, StepFailed))
             if isinstance(error, StepFailed) and self._recorder is not None:
                 self._recorder.record_rejected(error.applied, event, error.reason, self.state)
         except Exception as secondary:

@@ -222,3 +222,27 @@ def test_a_protect_that_failed_is_never_released(monkeypatch: pytest.MonkeyPatch
     assert s.mgr.draining and s.mgr.state.pins  # the core believed it held them
     assert s.refs(a) == [0, 0]  # nothing was released below zero
     assert s.ended == ["a"] and not s.mgr.has_inflight_store_work()
+
+
+def test_a_rejected_answer_is_recorded_once_and_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    """A rejection after other events of the same callback applied (here the
+    shell's hash answer, after the step and the protect) records those events
+    once, then the REJECTED: replay reproduces the rejection, no divergence."""
+    from replay.runner import replay
+
+    s = Shell(log_dir=str(tmp_path))
+    s.offer("a")
+    s.finish("a")
+    hashes_of = manager_module.blocks.hashes_of
+    monkeypatch.setattr(manager_module.blocks, "hashes_of",
+                        lambda pool, ids: hashes_of(pool, ids)[:-1])  # one hash short
+    s.step()
+    assert s.mgr.draining
+    s.mgr.log_final_stats()
+    result = replay(str(tmp_path))
+    assert result.divergence is None and not result.lost and not result.damage
+    assert result.rejection is not None and result.rejection.reproduced
+    assert type(result.rejection.event).__name__ == "HashesRead"
+    assert result.ended_cleanly
