@@ -427,8 +427,12 @@ class EventLogWriter:
                 if self._broken is not None and not self._due and monotonic() >= self._next_retry:
                     self._probe()
                 if n == 0:
+                    # Closing, and the queue empty *after* the flag was seen:
+                    # what the producer queued before close() set it is written.
                     if self._closing:
-                        break
+                        if not q:
+                            break
+                        continue
                     self._wake.wait(self._idle_poll_s)
                     self._wake.clear()
         finally:

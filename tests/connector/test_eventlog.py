@@ -4,6 +4,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,44 @@ def test_a_batch_closes_at_batch_bytes(tmp_path: Path) -> None:
     batches = [r["batch"] for r in _read(w.files[0])[1:]]  # type: ignore[index]
     assert [x["i"] for batch in batches for x in batch] == list(range(100))
     assert len(batches) > 5 and all(len(json.dumps(b)) < 200 for b in batches)
+
+
+def test_items_queued_just_before_close_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer found the queue empty; before it looked at the closing flag,
+    the producer queued its last items and called close(). Those items were
+    queued before close(), so they reach the file (they were dropped as
+    "appended during close()": the cause of a rare recorded log without its
+    END). The interleaving is forced at that very point."""
+    import connector.eventlog as eventlog_module
+
+    writers: list[EventLogWriter] = []
+
+    class RacyDeque(deque):  # type: ignore[type-arg]
+        armed = False
+
+        def popleft(self) -> object:
+            try:
+                return super().popleft()
+            except IndexError:
+                if RacyDeque.armed:  # the producer runs here: last items, then close()
+                    RacyDeque.armed = False
+                    self.append({"last": 1})
+                    self.append({"last": 2})
+                    writers[0]._closing = True
+                raise
+
+    monkeypatch.setattr(eventlog_module, "deque", RacyDeque)
+    warn = Warnings()
+    w = _writer(tmp_path, warn)
+    writers.append(w)
+    w.append({"i": 0})
+    deadline = time.monotonic() + 5.0
+    while w.items_written < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    RacyDeque.armed = True
+    w._wake.set()
+    assert w.close()
+    assert _read(w.files[0])[1:] == [{"i": 0}, {"last": 1}, {"last": 2}]
+    assert not any("during close" in m for m in warn.messages), warn.messages
