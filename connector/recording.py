@@ -14,8 +14,7 @@ Contract towards the caller (the vLLM scheduler thread)
   step amortises the 12 framing bytes and the envelope over a step's events
   and keeps the reader's per-record work small; the price is that a crash
   also loses the open step's events, which were not yet queued. Every
-  ``digest_every`` events it also enqueues ``codec.state_digest(state)``,
-  computed here because the state is mutated by the next ``step``.
+  ``digest_every`` events it also enqueues a digest request (see below).
 * :meth:`EventRecorder.record_rejected` is the poison path: the callback's
   ``drive`` failed (``StepFailed``). It records the events that applied
   before the failure as :meth:`record` would, closes the batch and enqueues
@@ -57,6 +56,25 @@ After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it
 raises ``rotation_due`` as well, and the resumed file holds header, a GAP
 with the number of events lost, and the snapshot.
+
+The writer's fold
+-----------------
+Digests and snapshots walk the whole state (milliseconds at a large
+backlog), and the live state is mutated in place by the next ``step``, so
+it cannot be handed to another thread. But the core is pure: the writer
+thread applies every event it encodes to a state of its own (started as
+``new_state``), checks that each decides what it decided live, and takes
+the periodic digests and every snapshot from that fold. The scheduler
+thread sends only a request: for a digest, with :func:`state_summary` of
+the live state (O(1): sizes, id counters, counters), which the fold must
+match, so a live state changed outside ``step`` still shows. The fold is
+lost when events never reach the writer (queue overflow, a failing disk,
+a rejection) or disagrees with the live run (a warning says where); until
+a snapshot restarts it, this thread takes digests and snapshots itself, as
+it does for the snapshot that resumes a log after a disk failure, and the
+writer restarts its fold from that snapshot. The END's digest is taken
+here too, at close. The price: the core's cost once more on the writer
+thread, and a second copy of the state in memory (bounded as the state is).
 
 Wire format: :mod:`offload_fsm.logformat`.
 """
@@ -105,9 +123,9 @@ from offload_fsm.logformat import (
     encode_rejected,
     encode_snapshot,
 )
-from offload_fsm.logwire import wire
-from offload_fsm.machine import Outcome
-from offload_fsm.state import State
+from offload_fsm.logwire import outcome_wire, wire
+from offload_fsm.machine import Outcome, step
+from offload_fsm.state import State, new_state
 
 __all__ = ["EventRecorder", "installed_versions"]
 
@@ -128,6 +146,16 @@ def _events_of(item: Any) -> int:
     if kind == INPUTS:
         return len(item[3])
     return 1 if kind == REJECTED else 0
+
+
+def state_summary(state: State) -> tuple[Any, ...]:
+    """An O(1) summary of ``state`` (sizes, id counters, counters): what the
+    scheduler thread sends with a digest request so the writer's fold is
+    checked against the live state it stands for."""
+    return (state.step_index, state.next_op_id, state.next_batch_id, len(state.requests),
+            len(state.batches), len(state.pins), len(state.stored_keys),
+            state.stored_keys_xor, state.free_blocks, state.poisoned,
+            tuple(state.counters.values()))
 
 
 def installed_versions() -> dict[str, str]:
@@ -190,6 +218,12 @@ class _Encoder:
         self._segment_step = 0
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
+        # The writer's fold (module docstring): the state after event
+        # ``_fold_seq - 1``; None once lost. ``fold_ok`` is read by the scheduler.
+        self._offload_config = config
+        self._fold: State | None = new_state(config, world_size=world_size)
+        self._fold_seq = 0
+        self.fold_ok = True
 
     def pack(self, payloads: list[bytes]) -> bytes:
         """The writer's batch: one BATCH record of the segment's zlib stream."""
@@ -210,6 +244,8 @@ class _Encoder:
         if kind == INPUTS:
             _, seq, wall_s, applied = item
             self._item_seq = seq
+            if self._fold is not None:
+                self._apply(seq, applied)
             wall_ms = round((wall_s - created) * 1000.0)
             try:
                 payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
@@ -222,7 +258,9 @@ class _Encoder:
             self._next_seq = seq + len(applied)
             return payload
         elif kind == DIGEST:
-            _, seq, wall_s, digest = item
+            _, seq, wall_s, digest, summary = item
+            if digest is None:  # the scheduler asked the fold for it
+                digest = state_digest(self._folded(seq + 1, summary))
             if self._pub_endpoint:
                 self._publish(self._header_payload)  # late subscribers get the context
             payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
@@ -241,12 +279,19 @@ class _Encoder:
         elif kind == REJECTED:
             _, seq, wall_s, event, reason = item
             self._item_seq = seq
+            self._lose_fold("")  # the live state is poisoned: nothing more to digest
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
             self._next_seq = seq + 1
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
             _, seq, wall_s, digest, state, step_index, periodic = item
+            if state is None:  # the scheduler asked the fold for it
+                folded = self._folded(seq, None)
+                digest, state = state_digest(folded), snapshot.to_wire(folded)
+            else:  # taken on the scheduler thread: (re)start the fold from it
+                self._fold = snapshot.from_wire(state, self._offload_config)
+                self._fold_seq, self.fold_ok = seq, True
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -270,6 +315,51 @@ class _Encoder:
         if self._pub_endpoint:
             self._publish(payload)
         return payload
+
+    def _apply(self, seq: int, applied: Sequence[tuple[Event, Outcome]]) -> None:
+        """Fold ``applied`` (events ``seq``...) into the writer's state, and
+        check that each decides what it decided live."""
+        fold = self._fold
+        assert fold is not None
+        if seq != self._fold_seq:  # dropped before the writer saw them: a GAP says so
+            self._lose_fold("")
+            return
+        for event, outcome in applied:
+            try:
+                got = step(fold, event)
+            except Exception as error:
+                self._lose_fold(f"event {seq} ({type(event).__name__}) failed in the "
+                                f"writer's fold after it applied live: {error}")
+                return
+            if got is not outcome and got != outcome:
+                self._lose_fold(f"event {seq} ({type(event).__name__}) decided "
+                                f"{outcome_wire(got)!r} in the writer's fold, "
+                                f"{outcome_wire(outcome)!r} live")
+                return
+            seq += 1
+        self._fold_seq = seq
+
+    def _folded(self, seq: int, summary: tuple[Any, ...] | None) -> State:
+        """The fold's state before event ``seq`` (which the live one summarised
+        as ``summary``, when given); raises when the fold cannot give it."""
+        fold = self._fold
+        if fold is None or self._fold_seq != seq:
+            raise RuntimeError(f"the writer's fold is not at event {seq} (the log lost "
+                               "events); the scheduler thread takes the next snapshot")
+        if summary is not None and state_summary(fold) != summary:
+            self._lose_fold(f"the state after event {seq - 1} differs from the live one "
+                            f"(summary {state_summary(fold)!r}, live {summary!r}): the live "
+                            "state changed outside the core's step")
+            raise RuntimeError("the writer's fold diverged from the live state")
+        return fold
+
+    def _lose_fold(self, warning: str) -> None:
+        """Stop folding until a snapshot from the scheduler thread restarts it."""
+        self._fold = None
+        self.fold_ok = False
+        if warning:
+            _log.warning("event log: %s; digests and snapshots are taken on the scheduler "
+                         "thread until one restarts the fold", warning)
 
     def _add_requests(self, event: Event) -> None:
         if self._requests is not None:
@@ -353,6 +443,8 @@ class EventRecorder:
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
         self.snapshots = 0
+        self.snapshots_here = 0  # of which taken on this thread (the fold was lost)
+        self._lost_seen = 0  # the writer's items_lost when the fold was last (re)started
         self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
@@ -409,7 +501,10 @@ class EventRecorder:
             live = len(state.requests) + len(state.batches)
             self._next_digest = end + max(self._digest_every, 64 * live)
             self._flush_batch(writer)
-            writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
+            if self._writer_folds(writer):
+                writer.append((DIGEST, end - 1, time.time(), None, state_summary(state)))
+            else:
+                writer.append((DIGEST, end - 1, time.time(), state_digest(state), None))
         if self._batch or self._rejected:
             return
         if writer.rotation_due:
@@ -430,6 +525,10 @@ class EventRecorder:
         self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
                                else -1)
         item: tuple[Any, ...] | None
+        if self._writer_folds(writer):  # the writer takes it from its fold
+            return (SNAPSHOT, self._seq, now, None, None, state.step_index, periodic)
+        self.snapshots_here += 1
+        self._lost_seen = writer.items_lost
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
                     state.step_index, periodic)
@@ -441,6 +540,14 @@ class EventRecorder:
                              "one and do not replay alone", error)
         self.snapshot_s += time.perf_counter() - started
         return item
+
+    def _writer_folds(self, writer: EventLogWriter) -> bool:
+        """Can the writer's fold give the state at the next item? Not once it
+        lost events (it says so; or the queue dropped some since it was last
+        restarted) or while the disk fails (resuming needs this thread's)."""
+        encoder = self._encoder
+        return (encoder is not None and encoder.fold_ok and not writer.broken
+                and writer.items_lost == self._lost_seen)
 
     def _rotate(self, writer: EventLogWriter, state: State) -> None:
         """At a batch boundary: the next file starts with a snapshot of ``state``."""
