@@ -9,7 +9,8 @@ timed with ``perf_counter_ns`` (the timing wrapper's own ~0.1 us per call is
 in the numbers, on both sides). Prints record()'s cost per event (a call's
 time over its events): median, p90, p99 and mean (the mean carries the
 digests and snapshots, which the scheduler thread computes), the snapshots'
-cost and the slowest call; the writer
+cost and the slowest call (since the writer's fold, the scheduler thread takes a
+snapshot only when the fold lost events); the writer
 thread's CPU (the process's CPU time less this thread's) per event and per
 step; and bytes per step. With ``--against REV`` the same runs on ``git
 archive REV`` (e.g. the last schema 3 commit) in a subprocess, and both
@@ -67,8 +68,12 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
     recorder = recorders[0]
     return {
         "snapshots": recorder.snapshots,
+        # taken on the scheduler thread (all of them before the writer's fold)
+        "snapshots_here": getattr(recorder, "snapshots_here", recorder.snapshots),
         "snapshot_ms": recorder.snapshot_s * 1e3 / max(1, recorder.snapshots),
         "max_call_ms": max(calls) / 1e6,
+        "calls_over_1ms": sum(took > 1_000_000 for took in calls),
+        "call_p999_us": sorted(calls)[len(calls) * 999 // 1000] / 1e3,
         "schema": SCHEMA_VERSION, "steps": steps, "events": events,
         "median_ns": statistics.median(ordered),
         "p90_ns": ordered[len(ordered) * 9 // 10], "p99_ns": ordered[len(ordered) * 99 // 100],
@@ -107,7 +112,10 @@ ROWS = [
     ("writer thread CPU per step", "writer_us_per_step", 1.0, "us"),
     ("bytes per step", "bytes_per_step", 1.0, "B"),
     ("snapshots taken", "snapshots", 1.0, ""),
+    ("of which on the scheduler thread", "snapshots_here", 1.0, ""),
     ("scheduler thread per snapshot", "snapshot_ms", 1.0, "ms"),
+    ("record() call, p99.9", "call_p999_us", 1.0, "us"),
+    ("record() calls over 1 ms", "calls_over_1ms", 1.0, ""),
     ("slowest record() call", "max_call_ms", 1.0, "ms"),
 ]
 

@@ -100,6 +100,7 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
         r.arm,
         fmt(_pctl(r.sched_ms, 0.5), 2), fmt(_pctl(r.sched_ms, 0.99), 2),
         fmt(_pctl(tok, 0.5), 3), fmt(_pctl(tok, 0.99), 3),
+        fmt(_pctl(tok, 0.999), 3), fmt(max(tok, default=float("nan")), 3),
         str(r.preemptions),
         str(led.get("admitted", "-")), str(led.get("submitted", "-")),
         str(sum(dropped.values())) if led else "-",
@@ -111,7 +112,8 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
     ]
 
 
-HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "preempt",
+HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "conn p99.9 ms",
+        "conn max ms", "preempt",
         "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
         "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
         "max backlog", "steps"]
