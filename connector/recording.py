@@ -331,7 +331,8 @@ class _Encoder:
                 self._lose_fold(f"event {seq} ({type(event).__name__}) failed in the "
                                 f"writer's fold after it applied live: {error}")
                 return
-            if got is not outcome and got != outcome:
+            if (got is not outcome and got != outcome
+                    and outcome_wire(got) != outcome_wire(outcome)):  # (a NaN is != itself)
                 self._lose_fold(f"event {seq} ({type(event).__name__}) decided "
                                 f"{outcome_wire(got)!r} in the writer's fold, "
                                 f"{outcome_wire(outcome)!r} live")

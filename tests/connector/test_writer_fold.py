@@ -103,3 +103,36 @@ def test_a_fold_that_lost_events_restarts_from_a_snapshot_taken_here(
     result = replay(tmp_path)
     assert result.lost and result.divergence is None and not result.damage
     assert result.snapshots_loaded and result.digests_checked >= 2
+
+
+def test_a_fold_that_decides_differently_warns_and_hands_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer's fold of one event decides something else than the live run
+    did (a determinism bug, forced here): a warning names the event, and the
+    digests and the next snapshot are taken from the live state, which replay
+    then checks as usual."""
+    from offload_fsm.machine import NO_OUTCOME
+
+    real_step = recording.step
+    calls = [0]
+
+    def step(state: Any, event: Any) -> Any:
+        outcome = real_step(state, event)
+        calls[0] += 1
+        if calls[0] >= 200 and outcome is not NO_OUTCOME and calls[0] < 10_000:
+            calls[0] = 10_000  # once
+            return NO_OUTCOME
+        return outcome
+
+    monkeypatch.setattr(recording, "step", step)
+    recorder = _recorder(tmp_path, digest_every=10, snapshot_every=150)
+    with caplog.at_level(logging.WARNING, logger=recording.__name__):
+        world = run_workload(requests=80, seed=4, sink=paced(recorder))
+        recorder.close(world.state)
+    assert calls[0] > 10_000
+    assert any("in the writer's fold" in r.getMessage() for r in caplog.records)
+    assert recorder.snapshots_here >= 1
+    result = replay(tmp_path)
+    assert result.ok, (result.divergence, result.lost, result.damage)
+    assert result.events_applied == len(world.applied)
