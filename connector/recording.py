@@ -219,11 +219,15 @@ class _Encoder:
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
         # The writer's fold (module docstring): the state after event
-        # ``_fold_seq - 1``; None once lost. ``fold_ok`` is read by the scheduler.
+        # ``_fold_seq - 1``; None once lost.
         self._offload_config = config
         self._fold: State | None = new_state(config, world_size=world_size)
         self._fold_seq = 0
-        self.fold_ok = True
+
+    @property
+    def fold_ok(self) -> bool:
+        """Whether the fold is on (read by the scheduler thread)."""
+        return self._fold is not None
 
     def pack(self, payloads: list[bytes]) -> bytes:
         """The writer's batch: one BATCH record of the segment's zlib stream."""
@@ -291,7 +295,7 @@ class _Encoder:
                 digest, state = state_digest(folded), snapshot.to_wire(folded)
             else:  # taken on the scheduler thread: (re)start the fold from it
                 self._fold = snapshot.from_wire(state, self._offload_config)
-                self._fold_seq, self.fold_ok = seq, True
+                self._fold_seq = seq
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -357,7 +361,6 @@ class _Encoder:
     def _lose_fold(self, warning: str) -> None:
         """Stop folding until a snapshot from the scheduler thread restarts it."""
         self._fold = None
-        self.fold_ok = False
         if warning:
             _log.warning("event log: %s; digests and snapshots are taken on the scheduler "
                          "thread until one restarts the fold", warning)
