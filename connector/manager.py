@@ -218,6 +218,10 @@ class EventSourcedManager:
         return self._take_actions()
 
     def has_inflight_store_work(self) -> bool:
+        # Read once, first: the SIGTERM hook runs between any two bytecodes of
+        # this thread, and a signal that lands after "no work" was computed
+        # must not seal the log with the tail unflushed; the next call flushes.
+        signal_seen = self._signal_seen
         if self._drain is not None:
             busy = self._drain.busy
         elif self._shutdown_signal_s is not None and not self._shutdown_fed:
@@ -225,7 +229,7 @@ class EventSourcedManager:
             busy = bool(self.state.ready) or has_in_flight(self.state)
         else:
             busy = keeps_stepping(self.state, self._clock())
-        if not busy and self._signal_seen and not self._closed and (
+        if not busy and signal_seen and not self._closed and (
                 self._drain is not None or not has_in_flight(self.state)):
             self._seal_early()
         return busy

@@ -138,3 +138,40 @@ def test_no_seal_while_a_store_is_in_flight(tmp_path: Path) -> None:
     result = replay(tmp_path)
     assert result.ok and result.ended_cleanly
     assert "a" in shell.ended
+
+
+class _SignalOnRead:
+    """A clock whose ``n``-th read runs the SIGTERM hook first, as if the
+    signal had come while the scheduler thread was inside the call."""
+
+    def __init__(self, clock: Any, n: int) -> None:
+        self.clock, self.reads_left, self.mgr = clock, n, None
+
+    def __call__(self) -> float:
+        self.reads_left -= 1
+        if self.reads_left == 0:
+            self.mgr.shutdown_began()
+        return self.clock()
+
+
+def test_a_signal_in_the_middle_of_the_work_question_still_flushes(tmp_path: Path) -> None:
+    """The handler runs between two bytecodes of the scheduler thread: a
+    signal that lands after ``has_inflight_store_work`` computed "no work"
+    must not seal the log with the tail unflushed (it did: CI saw a
+    shutdown flush store nothing); the next question flushes."""
+    shell = Shell(threshold=100, shutdown_flush_s=2.0, log_dir=str(tmp_path))
+    shell.offer("a")
+    shell.step()
+    shell.finish("a")
+    hooked = _SignalOnRead(shell.clock, n=1)
+    hooked.mgr = shell.mgr
+    shell.mgr._clock = hooked  # the read keeps_stepping is handed
+    assert shell.mgr.has_inflight_store_work() is False  # computed before the signal
+    assert not replay(tmp_path).ended_cleanly  # not sealed: the tail is still to flush
+    assert shell.mgr.has_inflight_store_work()  # asked again: one step, to flush
+    shell.step(tokens=0)
+    assert shell.submitted == ["a"]
+    shell.receipts({"a": 1})
+    assert not shell.mgr.has_inflight_store_work()
+    result = replay(tmp_path)
+    assert result.ok and result.ended_cleanly
