@@ -39,7 +39,7 @@ def count_drop(
     scope: Scope,
 ) -> None:
     """Book ``ops`` (already out of every container) as dropped for ``cause``."""
-    move(ops, OpStatus.DROPPED)
+    move(state, ops, OpStatus.DROPPED)
     tokens = sum(op.tokens for op in ops)
     state.counters[DROPPED_OPS[cause]] += len(ops)
     state.counters[DROPPED_TOKENS[cause]] += tokens

@@ -150,6 +150,7 @@ def trim(state: State, rec: RequestState, op: Op, chunks: int, scope: Scope) -> 
                    cause=DropCause.DUPLICATE, block_id=-1)
     )
     op.start_token += cut_tokens
+    state.live_tokens[op.status] -= cut_tokens
     op.block_ids = op.block_ids[cut_blocks:]
     op.block_hashes = op.block_hashes[cut_blocks:]
 

@@ -129,7 +129,7 @@ def select(
         after_buffer_change(state, rec)
         maybe_end(state, rec, scope)
         return
-    move(ops, OpStatus.VERIFYING)
+    move(state, ops, OpStatus.VERIFYING)
     batch = Batch(batch_id=state.next_batch_id, req=rec, ops=ops,
                   selected_step=state.step_index, selected_time_s=state.time_s)
     state.next_batch_id += 1
@@ -207,7 +207,7 @@ def _verified_prefix(ops: list[Op], hashes_now: tuple[int | None, ...]) -> tuple
 def _submit(state: State, batch: Batch, scope: Scope) -> None:
     rec = batch.req
     batch.status = BatchStatus.IN_FLIGHT
-    move(batch.ops, OpStatus.IN_FLIGHT)
+    move(state, batch.ops, OpStatus.IN_FLIGHT)
     block_ids = blocks_of(batch.ops)
     tokens = sum(op.tokens for op in batch.ops)
     state.counters[Counter.SUBMITTED_OPS] += len(batch.ops)
@@ -265,11 +265,11 @@ def settle(state: State, batch: Batch, scope: Scope) -> None:
     tokens = sum(op.tokens for op in ops)
     scope.hooks.released(state, ops, not batch.failed)
     if batch.failed:
-        move(ops, OpStatus.FAILED)
+        move(state, ops, OpStatus.FAILED)
         state.counters[Counter.FAILED_OPS] += len(ops)
         state.counters[Counter.FAILED_TOKENS] += tokens
     else:
-        move(ops, OpStatus.STORED)
+        move(state, ops, OpStatus.STORED)
         state.counters[Counter.STORED_OPS] += len(ops)
         state.counters[Counter.STORED_TOKENS] += tokens
     release(state, batch.batch_id, ops, scope)
@@ -301,7 +301,7 @@ def _abandon(state: State, batch: Batch, now_s: float, scope: Scope) -> None:
     ops = batch.ops
     tokens = sum(op.tokens for op in ops)
     scope.hooks.released(state, ops, False)
-    move(ops, OpStatus.ABANDONED)
+    move(state, ops, OpStatus.ABANDONED)
     counters = state.counters
     counters[Counter.ABANDONED_OPS] += len(ops)
     counters[Counter.ABANDONED_TOKENS] += tokens

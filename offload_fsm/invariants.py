@@ -25,6 +25,8 @@ The invariants:
   buffers.
 * ``statuses_agree``: every op's status matches its container (buffered ops
   BUFFERED, a batch's ops its batch's status).
+* ``live_tallies_agree``: ``State.live_ops``/``live_tokens`` (kept by
+  ``legality.move``, admissions and splits) count the ops in the containers.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from typing import Final
 
 from offload_fsm.config import Policy
 from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
-from offload_fsm.state import BatchStatus, OpStatus, Phase, State, holders, owner_hashes_of
+from offload_fsm.state import (
+    BatchStatus,
+    OpStatus,
+    Phase,
+    State,
+    holders,
+    live_of,
+    owner_hashes_of,
+)
 
 # unit -> (admitted, {settled term: counter}, {drop cause: counter})
 _UNITS: Final = {
@@ -217,6 +227,14 @@ def statuses_agree(state: State) -> list[str]:
     return problems
 
 
+def live_tallies_agree(state: State) -> list[str]:
+    ops, tokens = live_of(state)
+    if (ops, tokens) == (state.live_ops, state.live_tokens):
+        return []
+    return [f"live tallies ops {state.live_ops} tokens {state.live_tokens} != "
+            f"the buffers' and batches' ops {ops} tokens {tokens}"]
+
+
 CHECKS = (
     ledger_closes,
     pins_balance,
@@ -226,6 +244,7 @@ CHECKS = (
     verified_before_submit,
     indexes_agree,
     statuses_agree,
+    live_tallies_agree,
 )
 
 

@@ -134,12 +134,22 @@ def check(state: State, event: Event) -> None:
         )
 
 
-def move(ops: Iterable[Op], status: OpStatus) -> None:
-    """Move ops to ``status``; a move outside :data:`OP_MOVES` is a core bug."""
+def move(state: State, ops: Iterable[Op], status: OpStatus) -> None:
+    """Move ops to ``status``, keeping ``state.live_ops``/``live_tokens``; a
+    move outside :data:`OP_MOVES` is a core bug."""
+    live_ops, live_tokens = state.live_ops, state.live_tokens
+    into = status in live_ops
     for op in ops:
-        if status not in OP_MOVES.get(op.status, frozenset()):
+        was = op.status
+        if status not in OP_MOVES.get(was, frozenset()):
             raise AssertionError(
                 f"op {op.op_id} of request {op.req.req_id!r} cannot move "
-                f"from {op.status.value} to {status.value}"
+                f"from {was.value} to {status.value}"
             )
         op.status = status
+        tokens = op.tokens
+        live_ops[was] -= 1  # every move starts from a live status (OP_MOVES)
+        live_tokens[was] -= tokens
+        if into:
+            live_ops[status] += 1
+            live_tokens[status] += tokens

@@ -97,6 +97,8 @@ def on_offered(state: State, event: CandidateOffered, scope: Scope) -> None:
         state.next_order += 1
         state.pending[rec.req_id] = rec
     rec.ops.append(op)
+    state.live_ops[OpStatus.BUFFERED] += 1
+    state.live_tokens[OpStatus.BUFFERED] += op.tokens
     if len(rec.ops) == 1:
         push_deadline(state, rec)
     hooks.admitted(state, op, scope)
@@ -179,7 +181,7 @@ def on_shutdown(state: State, event: ShutdownRequested, scope: Scope) -> None:
         drop_pending(state, rec, DropCause.SHUTDOWN, scope)
     for batch in list(state.batches.values()):
         ops = batch.ops
-        move(ops, OpStatus.ABANDONED)
+        move(state, ops, OpStatus.ABANDONED)
         counters[Counter.ABANDONED_OPS] += len(ops)
         counters[Counter.ABANDONED_TOKENS] += sum(op.tokens for op in ops)
         scope.hooks.released(state, ops, False)

@@ -72,6 +72,7 @@ def split(
     op.block_ids = op.block_ids[:front_blocks]
     op.block_hashes = op.block_hashes[:front_blocks]
     rec.ops.insert(rec.ops.index(op) + 1, rest)
+    state.live_ops[rest.status] += 1  # the tokens only changed hands
     hooks.admitted(state, op, scope)
     hooks.admitted(state, rest, scope)
     counters = state.counters

@@ -47,6 +47,10 @@ class OpStatus(enum.Enum):
     __hash__ = object.__hash__
 
 
+LIVE: Final = (OpStatus.BUFFERED, OpStatus.VERIFYING, OpStatus.IN_FLIGHT)
+"""The statuses of ops still in the machine (the ledger's live terms)."""
+
+
 class BatchStatus(enum.Enum):
     VERIFYING = "verifying"  # protected, hashes requested, not yet submitted
     IN_FLIGHT = "in_flight"  # submitted, awaiting receipts from every worker
@@ -184,11 +188,17 @@ class State:
     flushed_in_step: int = 0
     shutdown_until_s: float | None = None
     counters: dict[Counter, int] = attrs.Factory(new_counters)
+    # Derived from the ops' statuses: how many ops, and tokens, are buffered,
+    # verifying and in flight now (``legality.move`` keeps them; the gauges
+    # read them in O(1) instead of a pass over the backlog).
+    live_ops: dict[OpStatus, int] = attrs.Factory(lambda: dict.fromkeys(LIVE, 0))
+    live_tokens: dict[OpStatus, int] = attrs.Factory(lambda: dict.fromkeys(LIVE, 0))
 
 
 # Indexes kept beside the fields they mirror, for speed: snapshots leave them out
 # and :func:`rederive` makes them again on restore.
-DERIVED: Final = frozenset({"owner_hashes", "stored_order", "stored_stale"})
+DERIVED: Final = frozenset({"owner_hashes", "stored_order", "stored_stale",
+                            "live_ops", "live_tokens"})
 
 
 def owner_hashes_of(owners: dict[int, Op | dict[int, Op]]) -> dict[int, BlockHash]:
@@ -200,11 +210,24 @@ def owner_hashes_of(owners: dict[int, Op | dict[int, Op]]) -> dict[int, BlockHas
     return hashes
 
 
+def live_of(state: State) -> tuple[dict[OpStatus, int], dict[OpStatus, int]]:
+    """``State.live_ops`` and ``live_tokens`` as the buffers and batches imply them."""
+    ops, tokens = dict.fromkeys(LIVE, 0), dict.fromkeys(LIVE, 0)
+    for container in (*(rec.ops for rec in state.requests.values()),
+                      *(batch.ops for batch in state.batches.values())):
+        for op in container:
+            if op.status in ops:
+                ops[op.status] += 1
+                tokens[op.status] += op.tokens
+    return ops, tokens
+
+
 def rederive(state: State) -> None:
     """Set the :data:`DERIVED` fields from the fields they mirror."""
     state.owner_hashes = owner_hashes_of(state.owners)
     state.stored_order = deque(state.stored_keys)
     state.stored_stale = {}
+    state.live_ops, state.live_tokens = live_of(state)
 
 
 def new_state(config: OffloadConfig, *, world_size: int) -> State:

@@ -454,6 +454,14 @@ class Sim:
         self._timed(conn, "update_connector_output")
         self._timed(conn, "request_finished_all_groups", post=self._post_finished_all)
         self._timed(conn, "request_finished", post=self._post_finished)
+        # Every other scheduler-side call vLLM's Scheduler makes (per step: stats,
+        # events, the pending-frees and push-work questions; per request: the
+        # lookup, the allocation update, the arrival): all of them are connector cost.
+        for name in ("get_kv_connector_stats", "take_events", "has_pending_block_frees",
+                     "has_pending_push_work", "get_num_new_matched_tokens",
+                     "update_state_after_alloc", "on_new_request"):
+            if callable(getattr(conn, name, None)):
+                self._timed(conn, name)
         if self.view.mgr is not None:
             self._hook_manager(self.view.mgr)
 

@@ -22,6 +22,7 @@ from connector.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: 
 from offload_fsm import Policy  # noqa: E402
 from offload_fsm.counters import Counter as CoreCounter  # noqa: E402
 from offload_fsm.decisions import SelectReason  # noqa: E402
+from offload_fsm.invariants import ledger_terms  # noqa: E402
 from offload_fsm.machine import step  # noqa: E402
 from offload_fsm.state import new_state  # noqa: E402
 from tests.connector.test_manager_faults import Shell  # noqa: E402
@@ -197,4 +198,33 @@ def test_the_ops_pass_is_skipped_only_when_it_would_give_the_same_gauges(
         gauges = source.gauges(state)
         walks += source._walked_at != before
         assert {k: gauges[k] for k in source._walked} == source.walk(state, False), event
+        for unit in ("ops", "tokens"):  # the core's tallies against a pass over the ops
+            terms = ledger_terms(state, unit)
+            assert (gauges[f"buffered_{unit}"], gauges[f"verifying_{unit}"],
+                    gauges[f"in_flight_{unit}"]) == (
+                terms["pending"], terms["verifying"], terms["in_flight"]), event
     assert walks < len(events) // 2  # most events leave the ops as they were
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_what_collect_sends_adds_up_to_the_counters_and_the_gauges(seed: int) -> None:
+    """The per-step path (``collect``: counters compared in C, gauges sent
+    only when changed): summing every delta and keeping every last gauge sent
+    gives the core's counters and a fresh reading of every gauge, after every
+    event of a seeded random run, and a call after nothing moved sends nothing."""
+    world = random_world_run(Policy.EVICTION_AWARE, seed, 1500)
+    state = new_state(world.state.config, world_size=world.state.world_size)
+    source = metrics.StatsSource(SimpleNamespace(state=state, draining=False))
+    fresh = metrics.StatsSource(SimpleNamespace(state=state, draining=False))
+    summed: dict[str, int] = {}
+    sent: dict[str, int] = {}
+    for event, _ in world.applied:
+        step(state, event)
+        deltas, changed = source.collect()
+        for name, delta in deltas.items():
+            assert delta != 0, name
+            summed[name] = summed.get(name, 0) + delta
+        sent.update(changed)
+        assert summed == {c.value: v for c, v in state.counters.items() if v}, event
+        assert sent == fresh.gauges(state), event
+        assert source.collect() == ({}, {})  # nothing moved since

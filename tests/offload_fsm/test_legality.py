@@ -198,7 +198,7 @@ def test_op_moves_outside_the_table_are_core_bugs() -> None:
         allowed = OP_MOVES.get(op.status, frozenset())
         if status not in allowed:
             with pytest.raises(AssertionError, match="cannot move from buffered"):
-                move([op], status)
+                move(h.state, [op], status)
     assert op.status is OpStatus.BUFFERED
     # Terminal statuses move nowhere.
     assert all(s not in OP_MOVES for s in (OpStatus.STORED, OpStatus.DROPPED,
