@@ -1,14 +1,16 @@
-"""What the metrics gauges cost per scheduler step on a recorded log (not a timed test).
+"""What the metrics cost per scheduler step on a recorded log (not a timed test).
 
     .venv/bin/python -m bench.bench_gauges LOG [--prefix RUN]
 
 vLLM's scheduler calls the connector's ``get_kv_connector_stats`` every step
-(with stats on), and ``connector.metrics.StatsSource.gauges`` runs there. This
-folds the log's events through ``offload_fsm.machine.step`` and, after each
-``StepScheduled``, times ``gauges`` (which passes over the buffered and
-in-flight ops only when one of them or a pin moved) and, side by side on the
-same state, ``walk`` (that pass, taken every time). Prints p50 / p99 / mean of
-both and how many steps took the pass.
+(with stats on), and ``connector.metrics.StatsSource.collect`` runs there
+(counter deltas, changed gauges). This folds the log's events through
+``offload_fsm.machine.step`` and, after each ``StepScheduled``, times
+``collect`` (the gauges of the ops from the core's live tallies) and, side by
+side on the same state, the pass over every buffered and in-flight op that
+those gauges took before the tallies (``invariants.ledger_terms`` in ops and
+in tokens: the same sums). Prints p50 / p99 / mean of both and how many
+steps recounted the batches and shielded ops.
 A log to use: the ``ours EA`` arm of ``python -m bench.simulate`` (its
 ``event_log_dir`` is printed first).
 """
@@ -22,6 +24,7 @@ from types import SimpleNamespace
 from bench.bench_fold import read_events
 from connector.metrics import StatsSource
 from offload_fsm.events import ShutdownRequested, StepScheduled
+from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
 from replay.runner import config_of
@@ -45,7 +48,7 @@ def main() -> None:
         parser.error(f"{args.log}: no header record")
     state = new_state(config_of(header), world_size=header.world_size)
     source = StatsSource(SimpleNamespace(state=state, draining=False))
-    gauges_s: list[float] = []
+    collect_s: list[float] = []
     walk_s: list[float] = []
     walks = 0
     for event in events:
@@ -56,19 +59,20 @@ def main() -> None:
             continue
         before = source._walked_at
         started = time.perf_counter()
-        source.gauges(state)
-        gauges_s.append(time.perf_counter() - started)
+        source.collect()
+        collect_s.append(time.perf_counter() - started)
         walks += source._walked_at != before
         started = time.perf_counter()
-        source.walk(state, False)
+        ledger_terms(state, "ops")
+        ledger_terms(state, "tokens")
         walk_s.append(time.perf_counter() - started)
-    if not gauges_s:
+    if not collect_s:
         parser.error(f"{args.log}: no scheduler steps")
     buffered = sum(len(rec.ops) for rec in state.pending.values())
-    print(f"{args.log}: {len(gauges_s):,} steps, {walks:,} took the pass over the ops; "
-          f"{buffered:,} ops buffered at the end")
-    print(_line("gauges() (as shipped)", gauges_s))
-    print(_line("walk() every step", walk_s))
+    print(f"{args.log}: {len(collect_s):,} steps, {walks:,} recounted batches and shielded "
+          f"ops; {buffered:,} ops buffered at the end")
+    print(_line("collect() (as shipped)", collect_s))
+    print(_line("the pass over the ops", walk_s))
 
 
 if __name__ == "__main__":

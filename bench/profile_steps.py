@@ -1,0 +1,115 @@
+"""Where the connector's time goes on its median and its slowest steps (not a timed test).
+
+    PYTHONPATH=. .venv/bin/python -m bench.profile_steps --scale issue12 --configs 1 \
+        --arms "ours EA"
+
+Runs ``bench.simulate`` with the same arguments, with the connector's
+scheduler-side phases wrapped (wall time, inclusive; a phase inside another
+is counted in both), and after each simulated step files what each phase
+took in that step beside the step's connector time as the simulator measures
+it. Prints, for the slowest 1 % of steps and for the 100 steps around the
+median, the mean per step of each phase:
+
+* ``build_connector_meta`` (LMCache's, with ``offer`` and ``step`` inside);
+* ``offer``: ``add_store_candidate`` (fingerprints, ``CandidateOffered``);
+* ``step``: ``StepScheduled`` (window read, reserve, the core's step);
+* ``core``: every ``offload_fsm.drive`` call (inside ``offer``, ``step``, ...);
+* ``commands``: executing the core's commands (pins, hash reads, stores);
+* ``fingerprints``, ``record`` (the event log on the scheduler thread);
+* ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
+* ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
+  ``update_connector_output``.
+
+What no phase explains is the rest of LMCache's own work and interpreter
+pauses (the cyclic GC) that land in a step.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+_PHASES: dict[str, float] = Counter()
+
+
+def _wrap(owner: Any, name: str, phase: str) -> None:
+    original: Callable[..., Any] = getattr(owner, name)
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _PHASES[phase] += time.perf_counter() - started
+
+    setattr(owner, name, timed)
+
+
+def _install() -> list[tuple[float, dict[str, float]]]:
+    from bench.sim import engine
+    from connector import blocks, manager, metrics, recording
+    from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
+
+    mgr = manager.EventSourcedManager
+    for owner, name, phase in (
+        (Connector, "build_connector_meta", "build_connector_meta"),
+        (mgr, "add_store_candidate", "offer"),
+        (mgr, "_step", "step"),
+        (manager, "drive", "core"),
+        (mgr, "_execute", "commands"),
+        (blocks, "hashes_of", "fingerprints"),
+        (recording.EventRecorder, "record", "record"),
+        (Connector, "get_num_new_matched_tokens", "lookup"),
+        (mgr, "on_lookup_result", "lookup_feedback"),
+        (metrics.StatsSource, "collect", "stats"),
+        (mgr, "on_store_results", "receipts"),
+        (mgr, "on_request_finished", "finished"),
+        (Connector, "update_connector_output", "update_connector_output"),
+    ):
+        _wrap(owner, name, phase)
+    steps: list[tuple[float, dict[str, float]]] = []
+    one_step = engine.Sim._one_step
+
+    def filed(self: Any, step: int) -> None:
+        _PHASES.clear()
+        one_step(self, step)
+        if self.view.ours:  # the arm this profiles
+            steps.append((self.res.conn_ms[-1], dict(_PHASES)))
+
+    engine.Sim._one_step = filed  # type: ignore[method-assign]
+    return steps
+
+
+def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
+    if not steps:
+        return
+    mean: dict[str, float] = Counter()
+    for _, phases in steps:
+        for phase, seconds in phases.items():
+            mean[phase] += seconds * 1e3 / len(steps)
+    conn = sum(ms for ms, _ in steps) / len(steps)
+    print(f"{title}: {len(steps)} steps, connector {conn:.3f} ms a step (mean); by phase:")
+    for phase, ms in sorted(mean.items(), key=lambda kv: -kv[1]):
+        print(f"  {phase:<24} {ms:8.3f} ms")
+
+
+def main() -> int:
+    from bench import simulate
+
+    steps = _install()
+    status = simulate.main(sys.argv[1:])
+    ranked = sorted(steps, key=lambda s: -s[0])
+    print("\n## where ours' connector time goes (bench.profile_steps; phases inclusive)")
+    _report("slowest 1 %", ranked[: max(1, len(ranked) // 100)])
+    middle = len(ranked) // 2
+    _report("100 steps around the median", ranked[max(0, middle - 50) : middle + 50])
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
