@@ -13,6 +13,7 @@ from offload_fsm import snapshot
 from offload_fsm.codec import packb, state_digest, unpackb
 from offload_fsm.config import Policy
 from offload_fsm.errors import LogCorrupt
+from offload_fsm.invariants import check_all
 from offload_fsm.logformat import outcome_wire
 from offload_fsm.machine import step
 from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, holders, new_state
@@ -58,11 +59,13 @@ def test_round_trip_after_every_event_and_identical_continuation(policy: Policy,
         copy = _round_trip(state)
         assert state_digest(copy) == state_digest(state), index
         assert copy.owner_hashes == state.owner_hashes, index  # derived, not on the wire
+        assert (copy.live_ops, copy.live_tokens) == (state.live_ops, state.live_tokens), index
         _check_identity(copy)
         if index in checkpoints:
             for later_event, later_recorded in applied[index:]:
                 assert outcome_wire(step(copy, later_event)) == outcome_wire(later_recorded)
             assert state_digest(copy) == state_digest(world.state)
+            assert check_all(copy) == [], index  # the live tallies went on with it
         outcome = step(state, event)
         assert outcome_wire(outcome) == outcome_wire(recorded)
     assert state_digest(_round_trip(state)) == state_digest(world.state)
