@@ -276,10 +276,7 @@ class StatsSource:
         changed: dict[str, int] = {}
         seen = self._last_gauges
         draining = bool(getattr(self._manager, "draining", False))
-        at = (id(state), sum(compress(values, self._moves_mask)))
-        if draining or at != self._walked_at:
-            self._walked = self.walk(state, draining)
-            self._walked_at = None if draining else at
+        if self._recounted(state, draining, sum(compress(values, self._moves_mask))):
             for name, value in self._walked.items():
                 if seen.get(name) != value:
                     changed[name] = seen[name] = value
@@ -303,11 +300,18 @@ class StatsSource:
         :data:`MOVES` counter moved since the last pass)."""
         draining = bool(getattr(self._manager, "draining", False))
         counters = state.counters
-        at = (id(state), sum(counters[counter] for counter in MOVES))
-        if draining or at != self._walked_at:
-            self._walked = self.walk(state, draining)
-            self._walked_at = None if draining else at
+        self._recounted(state, draining, sum(counters[counter] for counter in MOVES))
         return {**self._walked, **dict(self._scalars(state, draining))}
+
+    def _recounted(self, state: Any, draining: bool, moves: int) -> bool:
+        """Re-take :meth:`walk` unless ``moves`` (the sum of the :data:`MOVES`
+        counters) and the state are as at the last one; whether it did."""
+        at = (id(state), moves)
+        if not draining and at == self._walked_at:
+            return False
+        self._walked = self.walk(state, draining)
+        self._walked_at = None if draining else at
+        return True
 
     def _scalars(self, state: Any, draining: bool) -> tuple[tuple[str, int], ...]:
         """The gauges read in O(1) every call."""

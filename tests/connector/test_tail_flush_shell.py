@@ -144,8 +144,8 @@ class _SignalOnRead:
     """A clock whose ``n``-th read runs the SIGTERM hook first, as if the
     signal had come while the scheduler thread was inside the call."""
 
-    def __init__(self, clock: Any, n: int) -> None:
-        self.clock, self.reads_left, self.mgr = clock, n, None
+    def __init__(self, clock: Any, mgr: Any, n: int) -> None:
+        self.clock, self.mgr, self.reads_left = clock, mgr, n
 
     def __call__(self) -> float:
         self.reads_left -= 1
@@ -163,9 +163,7 @@ def test_a_signal_in_the_middle_of_the_work_question_still_flushes(tmp_path: Pat
     shell.offer("a")
     shell.step()
     shell.finish("a")
-    hooked = _SignalOnRead(shell.clock, n=1)
-    hooked.mgr = shell.mgr
-    shell.mgr._clock = hooked  # the read keeps_stepping is handed
+    shell.mgr._clock = _SignalOnRead(shell.clock, shell.mgr, n=1)  # keeps_stepping's read
     assert shell.mgr.has_inflight_store_work() is False  # computed before the signal
     assert not replay(tmp_path).ended_cleanly  # not sealed: the tail is still to flush
     assert shell.mgr.has_inflight_store_work()  # asked again: one step, to flush
