@@ -35,7 +35,7 @@ import msgpack
 from connector.recording import EventRecorder
 from offload_fsm.events import CandidateOffered, StepScheduled
 from offload_fsm.framing import Record, frame, scan
-from offload_fsm.logcompact import Deflater, Inflater, encode_batch
+from offload_fsm.logbatch import Deflater, Inflater, encode_batch
 from offload_fsm.logformat import BATCH, HEADER, SNAPSHOT
 from offload_fsm.machine import watches, window_depth
 from offload_fsm.state import new_state

@@ -93,12 +93,10 @@ from offload_fsm.codec import state_digest
 from offload_fsm.config import OffloadConfig
 from offload_fsm.events import Event, StepScheduled
 from offload_fsm.framing import frame
+from offload_fsm.logbatch import Deflater, encode_batch
 from offload_fsm.logcompact import (
     MAX_INDEX_REQUESTS,
-    Deflater,
     WireContext,
-    compact_snapshot,
-    encode_batch,
     encode_compact_inputs,
     requests_of,
 )
@@ -123,6 +121,7 @@ from offload_fsm.logformat import (
     encode_rejected,
     encode_snapshot,
 )
+from offload_fsm.logsnapshot import compact_snapshot
 from offload_fsm.logwire import outcome_wire, wire
 from offload_fsm.machine import Outcome, step
 from offload_fsm.state import State, new_state

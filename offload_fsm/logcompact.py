@@ -1,6 +1,6 @@
-"""Schema 4's compact forms: window deltas, hash references, compressed batches.
+"""The compact event forms (schemas 4 and 5): window deltas, hash references, block-id runs.
 
-Pure module: standard library (``zlib``) and ``msgpack`` only. The writer
+Pure module: standard library and ``msgpack`` only. The writer
 (``connector.recording``, on the writer thread) and the reader
 (``logdecode.LogDecoder``) each keep one :class:`WireContext` per *segment*:
 a segment runs from a file's header, or from a SNAPSHOT record, to the next
@@ -20,51 +20,43 @@ so a schema 3 event decodes unchanged (its upcaster is the identity):
   sent for that block id in the segment; a sent hash (int or None) becomes
   that block's. In ``HashesRead.block_hashes`` (no block ids on the wire)
   a reference is ``(block_id,)``; its hashes update nothing.
+* Schema 5: ``CandidateOffered.block_ids`` is a list of items: an int is a
+  block id; a pair ``(first, length)`` is ``first`` and the ``length - 1``
+  ids that followed it, each after the one before, in the segment's block
+  lists before (``follows``: block id -> the id after it in the last list
+  that held it; every list updates it once decoded). A prefix-cache hit
+  re-offers a prefix other requests offered (the shared system prompt, the
+  session's earlier turns), so its list is a few pairs.
 
-Snapshots: a file's snapshots after its first carry the stored keys (the
-one big, slowly moving part of the state) as a delta against the snapshot
-before (:func:`compact_snapshot`); so restoring one reads the file's
-snapshots before it, not its events.
-
-Batches: a BATCH record ``[BATCH, seq, wall, data]`` holds consecutive
-payloads (seq and wall of the first): ``data`` is their msgpack bytes,
-concatenated and deflated by one ``zlib`` stream per segment, each batch
-ending on a sync flush. So a batch inflates only after the batches before it
-in its segment, like the deltas; the reader needs both anyway.
+Snapshots use the same forms (``logsnapshot``); the records of a segment
+are deflated as one stream (``logbatch``).
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
-
-import msgpack
 
 from offload_fsm.commands import ReadHashes
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.events import Event
-from offload_fsm.logformat import BATCH, INPUTS
+from offload_fsm.logformat import INPUTS
 from offload_fsm.logwire import _WIRE, _packb, outcome_check, outcome_wire
 from offload_fsm.machine import Outcome
 
 __all__ = [
-    "MAX_BATCH_BYTES",
     "MAX_INDEX_REQUESTS",
-    "Deflater",
-    "Inflater",
     "WireContext",
-    "compact_snapshot",
-    "encode_batch",
     "encode_compact_inputs",
-    "expand_snapshot",
+    "refer",
+    "requests_of",
+    "resolve",
+    "runs",
+    "unruns",
 ]
 
 MAX_INDEX_REQUESTS: Final[int] = 65536
 """A segment naming more request ids is indexed as "unknown" (the bound on an INDEX)."""
-
-MAX_BATCH_BYTES: Final[int] = 64 * 1024 * 1024
-"""The most bytes a batch may inflate to (a bound on the reader's memory)."""
 
 _MIN_COPY: Final = 3  # a copy pair costs about as much as three block ids
 _OFFERED, _STEP, _HASHES, _FREE_QUEUE = 2, 3, 7, 8  # event tags with compact forms
@@ -75,17 +67,19 @@ class WireContext:
     """What the events before in the segment told: the last window read and
     the last hash sent per block id (bounded by the engine's block pool)."""
 
-    __slots__ = ("window", "hashes", "intact")
+    __slots__ = ("window", "hashes", "follows", "intact")
 
     def __init__(self) -> None:
         self.window: tuple[int, ...] = ()
         self.hashes: dict[int, Any] = {}
+        self.follows: dict[int, int] = {}
         self.intact = True
 
     def reset(self) -> None:
         """A segment starts: nothing is known, and nothing is missing."""
         self.window = ()
         self.hashes = {}
+        self.follows = {}
         self.intact = True
 
     def lose(self) -> None:
@@ -103,15 +97,9 @@ class WireContext:
             window = self._delta(wire[6])
             return (*wire[:6], window, tuple(self._pair(p) for p in wire[7]), wire[8])
         if tag == _OFFERED:
-            table = self.hashes
-            hashes = []
-            for block_id, value in zip(wire[4], wire[5], strict=True):
-                if value is not None and table.get(block_id, None) == value:
-                    hashes.append(True)
-                else:
-                    table[block_id] = value
-                    hashes.append(value)
-            return (*wire[:5], tuple(hashes), *wire[6:])
+            ids = wire[4]
+            return (*wire[:4], runs(ids, self.follows), refer(ids, wire[5], self.hashes),
+                    *wire[6:])
         if tag == _FREE_QUEUE:
             return (tag, self._delta(wire[1]))
         if tag == _HASHES and len(read_ids) == len(wire[2]):
@@ -170,15 +158,9 @@ class WireContext:
                 pairs = tuple(self._unpair(p) for p in item[7])
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
-                table = self.hashes
-                hashes = []
-                for block_id, value in zip(item[4], item[5], strict=True):
-                    if value is True:
-                        value = self._known(block_id)
-                    else:
-                        table[block_id] = value
-                    hashes.append(value)
-                return (*item[:5], tuple(hashes), *item[6:])
+                ids = unruns(item[4], self.follows, self.intact)
+                hashes = resolve(ids, item[5], self.hashes, self._known)
+                return (*item[:4], ids, hashes, *item[6:])
             if tag == _FREE_QUEUE:
                 return (tag, self._undelta(item[1]))
             if tag == _HASHES:
@@ -221,6 +203,80 @@ class WireContext:
             out.extend(previous[start:start + length])
         self.window = window = tuple(out)
         return window
+
+
+def refer(ids: tuple[int, ...], hashes: tuple[Any, ...], table: dict[int, Any]
+           ) -> tuple[Any, ...]:
+    """``hashes`` with ``True`` for each that ``table`` holds for its block
+    id; the others are sent, and become their block's in ``table``."""
+    out = []
+    for block_id, value in zip(ids, hashes, strict=True):
+        if value is not None and table.get(block_id, None) == value:
+            out.append(True)
+        else:
+            table[block_id] = value
+            out.append(value)
+    return tuple(out)
+
+
+def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
+             known: Callable[[int], Any]) -> tuple[Any, ...]:
+    """The inverse of :func:`_refer`: ``known(block_id)`` resolves a ``True``."""
+    out = []
+    for block_id, value in zip(ids, refs, strict=True):
+        if value is True:
+            value = known(block_id)
+        else:
+            table[block_id] = value
+        out.append(value)
+    return tuple(out)
+
+
+def runs(ids: tuple[int, ...], follows: dict[int, int]) -> tuple[Any, ...]:
+    """``ids`` with each run of ``_MIN_COPY`` or more ids that ``follows``
+    chains (each the one recorded after the id before it) as ``(first,
+    length)``; then ``follows`` learns ``ids``."""
+    out: list[Any] = []
+    get = follows.get
+    i, n = 0, len(ids)
+    while i < n:
+        j = i + 1
+        while j < n and get(ids[j - 1]) == ids[j]:
+            j += 1
+        if j - i >= _MIN_COPY:
+            out.append((ids[i], j - i))
+        else:
+            out.extend(ids[i:j])
+        i = j
+    follows.update(zip(ids, ids[1:], strict=False))
+    return ids if len(out) == n else tuple(out)
+
+
+def unruns(items: tuple[Any, ...], follows: dict[int, int], intact: bool = True
+            ) -> tuple[int, ...]:
+    """The inverse of :func:`_runs`; raises :class:`LogCorrupt` on a run the
+    table cannot follow, or any run when records before were lost."""
+    out: list[int] = []
+    for item in items:
+        if type(item) is int:
+            out.append(item)
+            continue
+        if not intact:
+            raise LogCorrupt("a block-id run against records lost to damage")
+        block_id, length = item
+        if type(block_id) is not int or type(length) is not int or length < 1:
+            raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
+        out.append(block_id)
+        for _ in range(length - 1):
+            try:
+                block_id = follows[block_id]
+            except KeyError:
+                raise LogCorrupt(f"block-id run {item!r}: no block recorded after "
+                                 f"{block_id}") from None
+            out.append(block_id)
+    ids = tuple(out)
+    follows.update(zip(ids, ids[1:], strict=False))
+    return ids
 
 
 def _worth_a_reference(value: Any) -> bool:
@@ -269,129 +325,3 @@ def encode_compact_inputs(
             if type(command) is ReadHashes:
                 read_ids[command.batch_id] = command.block_ids
     return _packb(items)
-
-
-_KEYS_FIELD: Final = "stored_keys"  # the one big, slowly moving part of a snapshot
-
-
-def _keys_at(wire: tuple[Any, ...]) -> int:
-    names = dict(wire[1])["State"]
-    return int(names.index(_KEYS_FIELD))
-
-
-def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
-                     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``snapshot.to_wire`` output with its stored keys as ``{"front": k,
-    "tail": keys}`` (drop ``k`` from the front of ``previous``, the keys of
-    the file's snapshot before, then append ``keys``) where they are that;
-    and the keys, for the next one. ``previous`` None: the snapshot is whole."""
-    at = _keys_at(wire)
-    body = wire[2]
-    keys = body[at]
-    if previous is None or not keys or not previous:
-        return wire, keys
-    try:
-        front = previous.index(keys[0])
-    except ValueError:
-        front = len(previous)
-    kept = len(previous) - front
-    if keys[:kept] != previous[front:]:
-        return wire, keys
-    delta = {"front": front, "tail": keys[kept:]}
-    return (*wire[:2], (*body[:at], delta, *body[at + 1:]), *wire[3:]), keys
-
-
-def expand_snapshot(wire: Any, previous: tuple[Any, ...] | None
-                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The inverse of :func:`compact_snapshot`; raises :class:`LogCorrupt`."""
-    try:
-        at = _keys_at(wire)
-        body = wire[2]
-        keys = body[at]
-        if not isinstance(keys, dict):
-            return wire, keys
-        if previous is None:
-            raise LogCorrupt("a snapshot's keys refer to an earlier snapshot the file lacks")
-        front, tail = keys["front"], keys["tail"]
-        if not 0 <= front <= len(previous):
-            raise LogCorrupt(f"a snapshot's keys drop {front} of {len(previous)}")
-        keys = (*previous[front:], *tail)
-        return (*wire[:2], (*body[:at], keys, *body[at + 1:]), *wire[3:]), keys
-    except (KeyError, IndexError, TypeError, ValueError) as error:
-        raise LogCorrupt(f"snapshot keys: {error!r}") from None
-
-
-def encode_batch(payloads: list[bytes], deflater: Deflater) -> bytes:
-    """A BATCH payload of ``payloads`` (the envelope's seq and wall: the first's)."""
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(payloads[0][:32])
-    unpacker.read_array_header()
-    unpacker.skip()  # kind
-    seq, wall = unpacker.unpack(), unpacker.unpack()
-    return _packb((BATCH, seq, wall, deflater.batch(payloads)))
-
-
-class Deflater:
-    """One segment's zlib stream on the writer side: :meth:`batch` deflates
-    payloads into a BATCH record's ``data``."""
-
-    __slots__ = ("_level", "_stream")
-
-    def __init__(self, level: int) -> None:
-        self._level = level
-        self._stream = zlib.compressobj(level)
-
-    def reset(self) -> None:
-        self._stream = zlib.compressobj(self._level)
-
-    def batch(self, payloads: list[bytes]) -> bytes:
-        stream = self._stream
-        return b"".join([*map(stream.compress, payloads), stream.flush(zlib.Z_SYNC_FLUSH)])
-
-
-class Inflater:
-    """The reader side of :class:`Deflater`: one stream per segment."""
-
-    __slots__ = ("_stream", "_raw")
-
-    def __init__(self) -> None:
-        self._stream = zlib.decompressobj()
-        self._raw = b""
-
-    def reset(self) -> None:
-        self._stream = zlib.decompressobj()
-
-    def _inflate(self, data: bytes) -> msgpack.Unpacker:
-        try:
-            raw = self._stream.decompress(data, MAX_BATCH_BYTES)
-        except zlib.error as error:
-            raise LogCorrupt(f"batch does not inflate: {error}") from None
-        if self._stream.unconsumed_tail:
-            raise LogCorrupt(f"batch inflates past {MAX_BATCH_BYTES} bytes")
-        unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False,
-                                    max_buffer_size=MAX_BATCH_BYTES)
-        unpacker.feed(raw)
-        self._raw = raw
-        return unpacker
-
-    def items(self, data: bytes) -> list[Any]:
-        """The decoded msgpack items of one batch's ``data``."""
-        unpacker = self._inflate(data)
-        try:
-            return list(unpacker)
-        except Exception as error:  # msgpack raises several unrelated types
-            raise LogCorrupt(f"undecodable batch item: {error}") from None
-
-    def payloads(self, data: bytes) -> list[bytes]:
-        """The payloads of one batch's ``data``, not decoded."""
-        unpacker = self._inflate(data)
-        raw, out, at = self._raw, [], 0
-        try:
-            while at < len(raw):
-                unpacker.skip()
-                end = unpacker.tell()
-                out.append(raw[at:end])
-                at = end
-        except Exception as error:  # msgpack raises several unrelated types
-            raise LogCorrupt(f"undecodable batch item: {error}") from None
-        return out

@@ -25,7 +25,8 @@ import msgpack
 from offload_fsm.codec import _ENUM_FIELDS, _FIELD_NAMES
 from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.events import EVENT_TYPES, Event
-from offload_fsm.logcompact import Inflater, WireContext, expand_snapshot
+from offload_fsm.logbatch import Inflater
+from offload_fsm.logcompact import WireContext
 from offload_fsm.logformat import (
     BATCH,
     DIGEST,
@@ -48,6 +49,7 @@ from offload_fsm.logformat import (
     Rejected,
     Snapshot,
 )
+from offload_fsm.logsnapshot import expand_snapshot
 
 __all__ = ["LogDecoder", "decode_record"]
 

@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 4).
+"""Event-log record format: envelopes around pure domain facts (schema 5).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``logdecode`` turns bytes
@@ -62,7 +62,10 @@ is a valid schema 2 record, so its upcaster is the identity. Schema 3 added
 the SNAPSHOT kind, again the identity for older records. Schema 4 added the
 compact forms of :mod:`offload_fsm.logcompact` (window deltas, hash
 references, BATCH) and the INDEX kind; a plain record is a valid compact
-one, so its upcaster is the identity too.
+one, so its upcaster is the identity too. Schema 5 added block-id runs in
+``CandidateOffered`` and compact op records in snapshots; schema 4's forms
+are valid schema 5 forms (the identity again), while a schema 4 reader
+refuses a schema 5 file instead of misreading a run.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ __all__ = [
     "wire_check",
 ]
 
-SCHEMA_VERSION: Final[int] = 4
+SCHEMA_VERSION: Final[int] = 5
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
@@ -153,10 +156,17 @@ def _upcast_v3_v4(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
+def _upcast_v4_v5(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 5 added block-id runs and compact snapshot ops (``logcompact``),
+    whose readers take schema 4's plain forms as they are."""
+    return item
+
+
 UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     1: _upcast_v1_v2,
     2: _upcast_v2_v3,
     3: _upcast_v3_v4,
+    4: _upcast_v4_v5,
 }
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""

@@ -48,7 +48,7 @@ from offload_fsm.codec import from_wire
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.events import Event
 from offload_fsm.framing import Damage, scan_stream
-from offload_fsm.logcompact import Inflater
+from offload_fsm.logbatch import Inflater
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logformat import (
     BATCH,

@@ -8,6 +8,13 @@ seeded workload with preemptions, failed stores and evictions, recorded by
 the connector's recorder with a digest every 25 events and, from schema 4, a
 snapshot every 50, so it holds several segments) and ``expected.json``
 (event count and final digest) next to it. Refuses to overwrite.
+
+From schema 5 (block-id runs, compact snapshot ops: forms only prefix-cache
+hits produce, which the synthetic workload has none of) the golden log is
+instead the first 3,000 events of the kept simulator log
+``tests/data/sim_logs/sim-ea-3`` (the real vLLM scheduler, a shared system
+prompt) recorded again (``testkit.rerecord``), with a digest every 250 events
+and a snapshot every 1,000.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from pathlib import Path
 from connector.recording import EventRecorder
 from offload_fsm.codec import state_digest
 from offload_fsm.logformat import SCHEMA_VERSION
-from offload_fsm.testing.synthetic import default_config, run_workload
+from replay.runner import config_of
+from testkit.rerecord import rerecord
 
 
 def main() -> int:
@@ -28,19 +36,19 @@ def main() -> int:
         print(f"{directory} already holds a golden log; golden logs are never rewritten")
         return 1
     directory.mkdir(parents=True, exist_ok=True)
-    config = default_config()
-    recorder = EventRecorder(config, 2, str(directory),
-                             {"package": "golden", "vllm": "", "lmcache": ""},
-                             prefix="golden", digest_every=25, snapshot_every=50,
-                             register_atexit=False)
-    world = run_workload(requests=24, seed=11, config=config, pool_blocks=40, concurrency=5,
-                         max_chunks=4, fail_rate=0.1, sink=recorder.record)
-    recorder.close(world.state)
-    expected = {"schema": SCHEMA_VERSION, "events": len(world.applied),
-                "final_digest": state_digest(world.state),
-                "counters": {k: v for k, v in world.state.counters.items() if v}}
+    versions = {"package": "golden", "vllm": "", "lmcache": ""}
+    source = Path(__file__).parent / "sim_logs" / "sim-ea-3"
+    recorder, state, events = rerecord(
+        source, lambda header: EventRecorder(
+            config_of(header), header.world_size, str(directory), versions, prefix="golden",
+            digest_every=250, snapshot_every=1000, register_atexit=False),
+        limit_events=3000)
+    recorder.close(state)
+    expected = {"schema": SCHEMA_VERSION, "events": events, "source": source.name,
+                "final_digest": state_digest(state),
+                "counters": {k: v for k, v in state.counters.items() if v}}
     (directory / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
-    print(f"wrote {directory}: {len(world.applied)} events")
+    print(f"wrote {directory}: {events} events")
     return 0
 
 

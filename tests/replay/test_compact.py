@@ -2,7 +2,8 @@
 through a writer's and a reader's :class:`WireContext`; a plain (schema 3)
 wire tuple is a valid compact form; references into lost records raise
 rather than decode against a guess; a recorded log is batches of one zlib
-stream per segment, and smaller than its plain records."""
+stream per segment, and smaller than its plain records. Schema 5's block-id
+runs and compact snapshot ops round-trip too, on a real scheduler's log."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.framing import Record, scan
-from offload_fsm.logcompact import Deflater, Inflater, WireContext
+from offload_fsm.logbatch import Deflater, Inflater
+from offload_fsm.logcompact import WireContext
 from offload_fsm.logformat import BATCH, INDEX, SNAPSHOT
 from replay.reader import payload_kind, read_file
 from replay.runner import replay
@@ -117,7 +119,7 @@ def test_a_recorded_log_is_batched_and_replays(tmp_path: Path) -> None:
 
 def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
     from offload_fsm import snapshot
-    from offload_fsm.logcompact import compact_snapshot, expand_snapshot
+    from offload_fsm.logsnapshot import compact_snapshot, expand_snapshot
     from offload_fsm.state import new_state
     from offload_fsm.testing.synthetic import default_config
 
@@ -138,3 +140,133 @@ def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
     del state.stored_keys[base + 300]  # out of the middle: whole again
     third, _ = compact_snapshot(snapshot.to_wire(state), keys)
     assert third == snapshot.to_wire(state)
+
+
+def _offer(req: str, ids: tuple[int, ...], hashes: dict[int, int]) -> tuple[object, ...]:
+    return (2, req, 0, 32 * len(ids), ids, tuple(hashes[b] for b in ids), 0.5, 4)
+
+
+def _prefix_hits(rng: random.Random, count: int) -> list[tuple[object, ...]]:
+    """Offers like an agentic trace's: each request re-offers one of three
+    shared prompts (a prefix-cache hit on the same blocks), then its own blocks."""
+    hashes = {b: rng.getrandbits(64) for b in range(600)}
+    prompts = [tuple(rng.sample(range(300), 24)) for _ in range(3)]
+    out = []
+    for n in range(count):
+        own = tuple(rng.sample(range(300, 600), rng.randint(0, 9)))
+        prompt = rng.choice(prompts)[: rng.randint(1, 24)]
+        out.append(_offer(f"r{n}", prompt + own, hashes))
+        if rng.random() < 0.2:  # a block reallocated: new content, new hash
+            hashes[rng.randrange(600)] = rng.getrandbits(64)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_block_id_runs_round_trip_and_shrink_shared_prefixes(seed: int) -> None:
+    writer, reader = WireContext(), WireContext()
+    plain = compact = runs = 0
+    for wire in _prefix_hits(random.Random(seed), 200):
+        packed = writer.compact(wire)
+        runs += sum(type(item) is tuple for item in packed[4])  # type: ignore[attr-defined]
+        plain += len(msgpack.packb(wire))
+        compact += len(msgpack.packb(packed))
+        assert reader.expand(msgpack.unpackb(msgpack.packb(packed), use_list=False)) == wire
+    assert runs > 100
+    assert compact < plain * 0.4
+
+
+def test_a_block_id_run_the_reader_cannot_follow_raises() -> None:
+    hashes = dict.fromkeys(range(10), 1 << 40)
+    writer, reader = WireContext(), WireContext()
+    first, second = _offer("a", (1, 2, 3, 4), hashes), _offer("b", (1, 2, 3, 9), hashes)
+    reader.expand(writer.compact(first))
+    packed = writer.compact(second)
+    assert packed[4] == ((1, 3), 9)
+    reader.lose()
+    with pytest.raises(LogCorrupt, match="block-id run against records lost"):
+        reader.expand(packed)
+    with pytest.raises(LogCorrupt, match="no block recorded after 1"):
+        WireContext().expand((2, "b", 0, 128, ((1, 3), 9), (None,) * 4, 0.5, 4))
+    with pytest.raises(LogCorrupt, match="expected .block id, length >= 1"):
+        WireContext().expand((2, "b", 0, 128, ((1, 0),), (), 0.5, 4))
+
+
+def test_snapshot_ops_sharing_a_prefix_travel_as_references() -> None:
+    from offload_fsm import snapshot
+    from offload_fsm.events import CandidateOffered, RequestArrived
+    from offload_fsm.logsnapshot import compact_snapshot, expand_snapshot
+    from offload_fsm.machine import step
+    from offload_fsm.state import new_state
+    from offload_fsm.testing.synthetic import default_config
+
+    state = new_state(default_config(), world_size=1)
+    prompt = tuple(range(100, 164))
+    for n in range(20):  # every request re-offers the shared prompt, then its own blocks
+        own = tuple(range(1000 + 8 * n, 1008 + 8 * n))
+        ids = prompt + own
+        step(state, RequestArrived(req_id=f"r{n}"))
+        step(state, CandidateOffered(req_id=f"r{n}", start_token=0, end_token=32 * len(ids),
+                                     block_ids=ids, block_hashes=tuple((1 << 40) + b for b in ids),
+                                     time_s=1.0, blocks_per_chunk=8))
+    wire = snapshot.to_wire(state)
+    packed, _ = compact_snapshot(wire, None)
+    ops_at = 3 + 1  # (format, names, state, requests, ops, batches)
+    assert len(msgpack.packb(packed[ops_at])) < len(msgpack.packb(wire[ops_at])) // 3
+    back, _ = expand_snapshot(msgpack.unpackb(msgpack.packb(packed), use_list=False), None)
+    assert back == wire
+    assert len(state.owners[100]) == 20  # type: ignore[arg-type]  # all 20 share the prompt
+
+
+def _compact_forms_in(path: Path) -> tuple[int, int]:
+    """(block-id runs in offers, hash references in snapshot ops) of a file, read raw."""
+    import zlib
+
+    from offload_fsm.logsnapshot import op_columns
+
+    inflater, runs, refs = Inflater(), 0, 0
+    for frame in scan(path.read_bytes()):
+        if not isinstance(frame, Record):
+            continue
+        kind = payload_kind(frame.payload)
+        if kind == SNAPSHOT:
+            inflater.reset()
+            state = msgpack.unpackb(zlib.decompress(msgpack.unpackb(frame.payload)[4]),
+                                    strict_map_key=False)
+            at, _, hashes_at = op_columns(state)
+            refs += sum(value is True for row in state[at] for value in row[hashes_at])
+        elif kind == BATCH:
+            for payload in inflater.payloads(msgpack.unpackb(frame.payload)[3]):
+                for event in msgpack.unpackb(payload, strict_map_key=False)[3::2]:
+                    if isinstance(event, list) and event and event[0] == 2:
+                        runs += sum(isinstance(item, list) for item in event[4])
+    return runs, refs
+
+
+def test_a_real_schedulers_log_recorded_again_uses_runs_and_references(tmp_path: Path) -> None:
+    from connector.recording import EventRecorder
+    from replay.runner import config_of
+    from testkit.rerecord import rerecord
+
+    source = Path(__file__).parents[1] / "data" / "sim_logs" / "sim-ea-3"
+    recorder, state, count = rerecord(source, lambda header: EventRecorder(
+        config_of(header), header.world_size, str(tmp_path), {"package": "test"},
+        prefix="again", snapshot_every=500, register_atexit=False), limit_events=1500)
+    recorder.close(state)
+    path = tmp_path / "again-000000.lolog"
+    runs, refs = _compact_forms_in(path)
+    assert runs > 50 and refs > 1000
+    result = replay(tmp_path)
+    assert result.ok and result.ended_cleanly and result.events_applied == count == 1500
+    assert result.snapshots_checked >= 2
+    events = [e for entry in read_file(path) if hasattr(entry, "record")
+              and hasattr(entry.record, "events") for e in entry.record.events]
+    source_events = [e for entry in read_file(next(source.glob("*.lolog")))
+                     if hasattr(entry, "record") and hasattr(entry.record, "events")
+                     for e in entry.record.events][:1500]
+    assert events == source_events
+
+
+def test_the_schema_5_golden_log_holds_runs_and_references() -> None:
+    golden = Path(__file__).parents[1] / "data" / "logs" / "v5" / "golden-000000.lolog"
+    runs, refs = _compact_forms_in(golden)
+    assert runs > 100 and refs > 1000
