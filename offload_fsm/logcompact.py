@@ -21,10 +21,9 @@ so a schema 3 event decodes unchanged (its upcaster is the identity):
   that block's. In ``HashesRead.block_hashes`` (no block ids on the wire)
   a reference is ``(block_id,)``; its hashes update nothing.
 * Schema 5: ``CandidateOffered.block_ids`` is a list of items: an int is a
-  block id; a pair ``(first, length)`` is ``first`` and the ``length - 1``
-  ids that followed it, each after the one before, in the segment's block
-  lists before (``follows``: block id -> the id after it in the last list
-  that held it; every list updates it once decoded). A prefix-cache hit
+  block id; a pair ``(first, length)`` copies ``length`` ids from the last
+  block list of the segment that held ``first``, from ``first`` on
+  (:class:`Lists`; every list updates it once decoded). A prefix-cache hit
   re-offers a prefix other requests offered (the shared system prompt, the
   session's earlier turns), so its list is a few pairs.
 
@@ -34,7 +33,10 @@ are deflated as one stream (``logbatch``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any, Final
 
 from offload_fsm.commands import ReadHashes
@@ -46,6 +48,7 @@ from offload_fsm.machine import Outcome
 
 __all__ = [
     "MAX_INDEX_REQUESTS",
+    "Lists",
     "WireContext",
     "encode_compact_inputs",
     "refer",
@@ -67,19 +70,19 @@ class WireContext:
     """What the events before in the segment told: the last window read and
     the last hash sent per block id (bounded by the engine's block pool)."""
 
-    __slots__ = ("window", "hashes", "follows", "intact")
+    __slots__ = ("window", "hashes", "lists", "intact")
 
     def __init__(self) -> None:
         self.window: tuple[int, ...] = ()
         self.hashes: dict[int, Any] = {}
-        self.follows: dict[int, int] = {}
+        self.lists = Lists()
         self.intact = True
 
     def reset(self) -> None:
         """A segment starts: nothing is known, and nothing is missing."""
         self.window = ()
         self.hashes = {}
-        self.follows = {}
+        self.lists = Lists()
         self.intact = True
 
     def lose(self) -> None:
@@ -98,7 +101,7 @@ class WireContext:
             return (*wire[:6], window, tuple(self._pair(p) for p in wire[7]), wire[8])
         if tag == _OFFERED:
             ids = wire[4]
-            return (*wire[:4], runs(ids, self.follows), refer(ids, wire[5], self.hashes),
+            return (*wire[:4], runs(ids, self.lists), refer(ids, wire[5], self.hashes),
                     *wire[6:])
         if tag == _FREE_QUEUE:
             return (tag, self._delta(wire[1]))
@@ -158,8 +161,11 @@ class WireContext:
                 pairs = tuple(self._unpair(p) for p in item[7])
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
-                ids = unruns(item[4], self.follows, self.intact)
-                hashes = resolve(ids, item[5], self.hashes, self._known)
+                ids = unruns(item[4], self.lists, self.intact)
+                refs = item[5]
+                hashes = (resolve(ids, refs, self.hashes, self._known) if self.intact else
+                          tuple(self._known(b) if v is True else v
+                                for b, v in zip(ids, refs, strict=True)))
                 return (*item[:4], ids, hashes, *item[6:])
             if tag == _FREE_QUEUE:
                 return (tag, self._undelta(item[1]))
@@ -220,8 +226,16 @@ def refer(ids: tuple[int, ...], hashes: tuple[Any, ...], table: dict[int, Any]
 
 
 def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
-             known: Callable[[int], Any]) -> tuple[Any, ...]:
-    """The inverse of :func:`_refer`: ``known(block_id)`` resolves a ``True``."""
+            known: Callable[[int], Any]) -> tuple[Any, ...]:
+    """The inverse of :func:`refer`: ``known(block_id)`` resolves a ``True``
+    (and raises :class:`LogCorrupt` for one it cannot)."""
+    if True not in refs:  # nothing referred to (a hash equal to 1 only takes the long way)
+        table.update(zip(ids, refs, strict=True))
+        return refs
+    if len(ids) == len(refs) == len(set(ids)):  # each block once: learn, then look up, in C
+        table.update(compress(zip(ids, refs, strict=False), map(is_not, refs, repeat(True))))
+        with contextlib.suppress(KeyError):
+            return tuple(map(table.__getitem__, ids))
     out = []
     for block_id, value in zip(ids, refs, strict=True):
         if value is True:
@@ -232,50 +246,79 @@ def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
     return tuple(out)
 
 
-def runs(ids: tuple[int, ...], follows: dict[int, int]) -> tuple[Any, ...]:
-    """``ids`` with each run of ``_MIN_COPY`` or more ids that ``follows``
-    chains (each the one recorded after the id before it) as ``(first,
-    length)``; then ``follows`` learns ``ids``."""
+class Lists:
+    """Where each block id was last seen in a segment's block lists: the
+    list (``last``) and the position in it (``at``); one entry per block id.
+    Two dicts of shared objects (small ints are interned), so learning a
+    list allocates nothing per block."""
+
+    __slots__ = ("last", "at")
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, ...]] = {}
+        self.at: dict[int, int] = {}
+
+    def learn(self, ids: tuple[int, ...]) -> None:
+        """Each block of ``ids`` is now last seen there."""
+        self.last.update(zip(ids, repeat(ids)))
+        self.at.update(zip(ids, range(len(ids)), strict=True))
+
+
+def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
+    """``ids`` with each stretch of ``_MIN_COPY`` or more that repeats a list
+    before as ``(first, length)``: ``length`` ids from ``first`` on in the
+    last list that held ``first``; then ``lists`` learns ``ids``."""
     out: list[Any] = []
-    get = follows.get
+    last, at = lists.last, lists.at
     i, n = 0, len(ids)
     while i < n:
-        j = i + 1
-        while j < n and get(ids[j - 1]) == ids[j]:
-            j += 1
-        if j - i >= _MIN_COPY:
-            out.append((ids[i], j - i))
-        else:
-            out.extend(ids[i:j])
-        i = j
-    follows.update(zip(ids, ids[1:], strict=False))
+        before = last.get(ids[i])
+        if before is not None:
+            p = at[ids[i]]
+            m = min(n - i, len(before) - p)
+            if ids[i:i + m] != before[p:p + m]:
+                j = 1
+                while ids[i + j] == before[p + j]:
+                    j += 1
+                m = j
+            if m >= _MIN_COPY:
+                out.append((ids[i], m))
+                i += m
+                continue
+        out.append(ids[i])
+        i += 1
+    lists.learn(ids)
     return ids if len(out) == n else tuple(out)
 
 
-def unruns(items: tuple[Any, ...], follows: dict[int, int], intact: bool = True
-            ) -> tuple[int, ...]:
-    """The inverse of :func:`_runs`; raises :class:`LogCorrupt` on a run the
-    table cannot follow, or any run when records before were lost."""
+def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[int, ...]:
+    """The inverse of :func:`runs`; raises :class:`LogCorrupt` on a run the
+    table cannot resolve, or any run when records before were lost."""
+    if tuple not in map(type, items):  # no runs
+        lists.learn(items)
+        return items
+    if not intact:
+        raise LogCorrupt("a block-id run against records lost to damage")
     out: list[int] = []
+    last, at = lists.last, lists.at
     for item in items:
         if type(item) is int:
             out.append(item)
             continue
-        if not intact:
-            raise LogCorrupt("a block-id run against records lost to damage")
         block_id, length = item
         if type(block_id) is not int or type(length) is not int or length < 1:
             raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
-        out.append(block_id)
-        for _ in range(length - 1):
-            try:
-                block_id = follows[block_id]
-            except KeyError:
-                raise LogCorrupt(f"block-id run {item!r}: no block recorded after "
-                                 f"{block_id}") from None
-            out.append(block_id)
+        before = last.get(block_id)
+        if before is None:
+            raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
+        p = at[block_id]
+        copied = before[p:p + length]
+        if len(copied) != length:
+            raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "
+                             f"({len(before) - p} ids left)")
+        out.extend(copied)
     ids = tuple(out)
-    follows.update(zip(ids, ids[1:], strict=False))
+    lists.learn(ids)
     return ids
 
 

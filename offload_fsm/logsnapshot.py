@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from offload_fsm.errors import LogCorrupt
-from offload_fsm.logcompact import refer, resolve, runs, unruns
+from offload_fsm.logcompact import Lists, refer, resolve, runs, unruns
 
 __all__ = ["compact_snapshot", "expand_snapshot", "op_columns"]
 
@@ -56,14 +56,14 @@ def _map_ops(wire: tuple[Any, ...],
 
 
 def _compact_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
-    follows: dict[int, int] = {}
+    lists = Lists()
     hashes: dict[int, Any] = {}
-    return _map_ops(wire, lambda ids, values: (runs(ids, follows),
+    return _map_ops(wire, lambda ids, values: (runs(ids, lists),
                                                refer(ids, values, hashes)))
 
 
 def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
-    follows: dict[int, int] = {}
+    lists = Lists()
     hashes: dict[int, Any] = {}
 
     def known(block_id: int) -> Any:
@@ -74,7 +74,7 @@ def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
                              "named by no op before") from None
 
     def forms(items: tuple[Any, ...], refs: tuple[Any, ...]) -> tuple[Any, Any]:
-        ids = unruns(items, follows)
+        ids = unruns(items, lists)
         return ids, resolve(ids, refs, hashes, known)
 
     return _map_ops(wire, forms)

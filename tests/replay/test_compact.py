@@ -185,8 +185,12 @@ def test_a_block_id_run_the_reader_cannot_follow_raises() -> None:
     reader.lose()
     with pytest.raises(LogCorrupt, match="block-id run against records lost"):
         reader.expand(packed)
-    with pytest.raises(LogCorrupt, match="no block recorded after 1"):
+    with pytest.raises(LogCorrupt, match="block 1 is in no list before"):
         WireContext().expand((2, "b", 0, 128, ((1, 3), 9), (None,) * 4, 0.5, 4))
+    with pytest.raises(LogCorrupt, match="past the end of the list it copies"):
+        fresh = WireContext()
+        fresh.expand(first)
+        fresh.expand((2, "b", 0, 160, ((2, 4), 9), (None,) * 5, 0.5, 4))
     with pytest.raises(LogCorrupt, match="expected .block id, length >= 1"):
         WireContext().expand((2, "b", 0, 128, ((1, 0),), (), 0.5, 4))
 
