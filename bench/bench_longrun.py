@@ -42,6 +42,7 @@ from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import RecordingWorld, default_config
 from offload_fsm.testing.world import FakePool
 from replay.cli import main as replay_main
+from testkit.logedit import rekeyed
 
 VERSIONS = {"package": "bench-longrun", "vllm": "", "lmcache": ""}
 
@@ -175,7 +176,8 @@ def _alter_last_check(source: Path, target: Path) -> None:
     assert altered, "no outcome check to alter in the last segment"
     for index, payloads in batches:
         items[index] = Record(items[index].offset, encode_batch(payloads, deflater))
-    last.write_bytes(b"".join(frame(item.payload) for item in items))
+    # Keyed as the recorder would have keyed what the copy now holds.
+    last.write_bytes(b"".join(map(frame, rekeyed([item.payload for item in items]))))
 
 
 def _timed(argv: list[str]) -> tuple[float, int, str]:

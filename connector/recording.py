@@ -121,6 +121,7 @@ from offload_fsm.logformat import (
     encode_rejected,
     encode_snapshot,
 )
+from offload_fsm.logpeek import body_key
 from offload_fsm.logsnapshot import compact_snapshot
 from offload_fsm.logwire import outcome_wire, wire
 from offload_fsm.machine import Outcome, step
@@ -215,6 +216,7 @@ class _Encoder:
         self._compress_level = compress_level
         self._segment_seq = 0
         self._segment_step = 0
+        self._segment_key: int | None = 0  # see logformat.Index.key
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
         # The writer's fold (module docstring): the state after event
@@ -235,6 +237,13 @@ class _Encoder:
     def _start_segment(self) -> None:
         self._wire_context.reset()
         self._deflater.reset()
+        self._segment_key = 0
+
+    def _chain(self, payload: bytes) -> bytes:
+        """``payload``, once the segment's key has taken in its body."""
+        if self._segment_key is not None:
+            self._segment_key = body_key(payload, self._segment_key)
+        return payload
 
     def __call__(self, item: Any) -> bytes:
         kind = item[0]
@@ -254,19 +263,20 @@ class _Encoder:
                 payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
                                                 self._requests, full_outcomes=self._full)
             except Exception:
-                self._requests = None  # a GAP takes its place; the context is part-way
+                # A GAP takes its place; the context is part-way.
+                self._requests = self._segment_key = None
                 raise
             if self._pub_endpoint:  # subscribers join late: they get plain events
                 self._publish(encode_inputs(seq, wall_ms, applied, full_outcomes=self._full))
             self._next_seq = seq + len(applied)
-            return payload
+            return self._chain(payload)
         elif kind == DIGEST:
             _, seq, wall_s, digest, summary = item
             if digest is None:  # the scheduler asked the fold for it
                 digest = state_digest(self._folded(seq + 1, summary))
             if self._pub_endpoint:
                 self._publish(self._header_payload)  # late subscribers get the context
-            payload = encode_digest(seq, round((wall_s - created) * 1000.0), digest)
+            payload = self._chain(encode_digest(seq, round((wall_s - created) * 1000.0), digest))
         elif kind == GAP:
             # A gap names the first lost event: the next one to come, or, for the
             # gap of a log resuming after an I/O failure (encoded right after the
@@ -274,6 +284,7 @@ class _Encoder:
             lost = item[1]
             first = self._next_seq - lost if after_snapshot else self._next_seq
             payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
+            self._segment_key = None
             if not after_snapshot:
                 self._requests = None  # the lost events named requests unknown
         elif kind == END:
@@ -283,6 +294,7 @@ class _Encoder:
             _, seq, wall_s, event, reason = item
             self._item_seq = seq
             self._lose_fold("")  # the live state is poisoned: nothing more to digest
+            self._segment_key = None
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
             self._next_seq = seq + 1
@@ -309,7 +321,8 @@ class _Encoder:
             if requests is not None and len(requests) >= MAX_INDEX_REQUESTS:
                 requests = None
             return encode_index(self._segment_seq, round((wall_s - created) * 1000.0),
-                                self._segment_step, seq, step_index, requests)
+                                self._segment_step, seq, step_index, requests,
+                                self._segment_key)
         else:
             payload = self._header()
             self._start_segment()

@@ -201,10 +201,12 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
             return Snapshot(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest,
                             state=state)
         if kind == INDEX:
-            first_step, end_seq, end_step, requests = item[3:]
+            first_step, end_seq, end_step, requests, *key = item[3:]
+            if len(key) > 1 or (key and key[0] is not None and type(key[0]) is not int):
+                raise LogCorrupt(f"INDEX record with a segment key of {key!r}")
             return Index(seq=seq, wall_time_s=created_s + wall / 1000.0,
                          first_step=first_step, end_seq=end_seq, end_step=end_step,
-                         requests=requests)
+                         requests=requests, key=key[0] if key else None)
         if kind == HEADER:
             return _header(seq, wall, item[3])
     except (ValueError, KeyError, TypeError) as error:

@@ -21,8 +21,8 @@ REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schem
 SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3;
                  in schema 4 ``state`` may be the zlib-deflated msgpack of it)
 BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``logcompact``)
-INDEX       9    ``first_step, end_seq, end_step, requests``: the segment from event
-                 ``seq`` (schema 4, see :class:`Index`)
+INDEX       9    ``first_step, end_seq, end_step, requests[, key]``: the segment from
+                 event ``seq`` (schema 4, ``key`` schema 5; see :class:`Index`)
 ==========  ===  =====================================================================
 
 A SNAPSHOT is ``snapshot.to_wire(state)`` with its ``codec.state_digest``. The
@@ -255,7 +255,13 @@ class Index:
     """What a segment (events ``seq`` to ``end_seq - 1``, from a header or a
     snapshot to the next) holds: the token steps it spans (``state.step_index``
     before its first event and after its last) and every request id its
-    events name, or None when unknown (events were lost, or too many)."""
+    events name, or None when unknown (events were lost, or too many).
+
+    ``key`` (schema 5): CRC-32 chained, from 0, over the body (after the wall
+    clock, ``logpeek``) of each INPUTS and DIGEST payload of the segment in
+    order; None when a GAP or REJECTED was in it, or before schema 5. Two
+    runs whose segments have the same ``seq``, ``end_seq`` and ``key`` hold
+    the same events, checks and digests there (``replay diff`` skips them)."""
 
     seq: int
     wall_time_s: float
@@ -263,6 +269,7 @@ class Index:
     end_seq: int
     end_step: int
     requests: tuple[str, ...] | None
+    key: int | None = None
 
 
 LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index
@@ -334,9 +341,9 @@ def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...],
 
 
 def encode_index(seq: int, wall_ms: int, first_step: int, end_seq: int, end_step: int,
-                 requests: Iterable[str] | None) -> bytes:
+                 requests: Iterable[str] | None, key: int | None = None) -> bytes:
     listed = None if requests is None else tuple(sorted(requests))
-    return _packb((INDEX, seq, wall_ms, first_step, end_seq, end_step, listed))
+    return _packb((INDEX, seq, wall_ms, first_step, end_seq, end_step, listed, key))
 
 
 def encode_record(record: LogRecord, *, created_s: float) -> bytes:
@@ -360,5 +367,5 @@ def encode_record(record: LogRecord, *, created_s: float) -> bytes:
         return encode_snapshot(record.seq, ms, record.digest, record.state)
     if isinstance(record, Index):
         return encode_index(record.seq, ms, record.first_step, record.end_seq,
-                            record.end_step, record.requests)
+                            record.end_step, record.requests, record.key)
     return encode_end(record.seq, ms, record.events_total, record.digest)

@@ -8,7 +8,11 @@ finds that first event in two passes:
 
 1. **Bisect by digests.** One cheap pass over each log collects its state
    digests (DIGEST, SNAPSHOT and END records; other payloads are only
-   peeked at, never decoded). Over the ``seq`` values both logs hold a
+   peeked at, never decoded). Leading segments both logs close with the
+   same INDEX key (schema 5: the same events, checks and digests) are not
+   even inflated (:func:`equal_segments`, from ``seek.segments``' CRC-only
+   pass), so a divergence near the end of a long run costs one pass over
+   the frames and the last segments. Over the ``seq`` values both logs hold a
    digest for, a binary search finds the first pair that differs; the last
    equal one before it (``good``) bounds the search from below. This
    assumes states, once apart, stay apart (they do in practice: op and
@@ -65,11 +69,11 @@ from offload_fsm.logformat import (
     outcome_wire,
     wire_check,
 )
+from offload_fsm.logpeek import payload_kind as _kind
 from offload_fsm.machine import Outcome
 from offload_fsm.state import State
 from replay import seek
 from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
-from replay.reader import payload_kind as _kind
 from replay.runner import ReplayResult, replay
 
 __all__ = ["DiffResult", "Side", "diff_logs", "format_diff", "scan_digests", "to_json"]
@@ -89,22 +93,44 @@ class Digests:
     header: Header | None = None
 
 
-def scan_digests(path: str | os.PathLike[str], prefix: str | None = None) -> Digests:
+_Skip = dict[tuple[str, int], int]  # (file, segment offset) -> the segment's end_seq
+
+
+def scan_digests(path: str | os.PathLike[str], prefix: str | None = None,
+                 skip: _Skip | None = None) -> Digests:
     """Pass 1: every state digest of the run, keyed by the last event applied
     before it, and where each file starts; INPUTS payloads are not decoded
-    (a schema 4 batch is inflated, not decoded)."""
+    (a schema 4 batch is inflated, not decoded). The segments in ``skip``
+    are not even inflated: their events, checks and digests are known equal
+    to the other log's (:func:`equal_segments`)."""
     out = Digests()
     for file in run_files(path, prefix):
-        _scan_file(out, file)
+        _scan_file(out, file, skip or {})
     return out
 
 
-def _scan_file(out: Digests, file: Path) -> None:
+def equal_segments(a: list[seek.Segment], b: list[seek.Segment]) -> tuple[_Skip, _Skip]:
+    """The leading segments two runs share: same events, same snapshot digest
+    at their start, and an INDEX key (``logformat.Index.key``) that says the
+    same bodies follow, for each side as ``scan_digests``'s ``skip``."""
+    skip_a: _Skip = {}
+    skip_b: _Skip = {}
+    for x, y in zip(a, b):  # noqa: B905 (the shorter run ends the common prefix)
+        ix, iy = x.index, y.index
+        if (ix is None or iy is None or ix.key is None or ix.key != iy.key
+                or (x.seq, x.end_seq, x.digest) != (y.seq, y.end_seq, y.digest)):
+            break
+        skip_a[(str(x.path), x.offset)] = x.end_seq
+        skip_b[(str(y.path), y.offset)] = y.end_seq
+    return skip_a, skip_b
+
+
+def _scan_file(out: Digests, file: Path, skip: _Skip) -> None:
     name = str(file)
     chunks = out.chunks
     decoder = LogDecoder()
     inflater = Inflater()
-    segment, chain, broken = 0, None, False
+    segment, chain, broken, skipping = 0, None, False, (name, 0) in skip
     with open(file, "rb") as stream:
         for item in scan_stream(stream):
             if isinstance(item, Damage):
@@ -112,6 +138,8 @@ def _scan_file(out: Digests, file: Path) -> None:
                 broken = True
                 continue
             kind = _kind(item.payload)
+            if skipping and kind in (BATCH, INPUTS):
+                continue
             payloads = [item.payload]
             if kind == BATCH and not broken:
                 try:
@@ -139,6 +167,10 @@ def _scan_file(out: Digests, file: Path) -> None:
                 out.events_seen = chunks[-1].end_seq
             if kind in (SNAPSHOT, HEADER):  # a segment starts; its first event seeds the chain
                 segment, broken = item.offset, False
+                end = skip.get((name, segment))
+                skipping = end is not None
+                if end is not None:
+                    out.events_seen = end
                 first = (_peek_snapshot(item.payload)[0] if kind == SNAPSHOT else
                          decoder.header.seq if decoder.header is not None else 0)
                 chain = zlib.crc32(b"%d" % first) if decoder.schema >= 4 else None
@@ -278,7 +310,9 @@ def diff_logs(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str], *,
               prefix_a: str | None = None, prefix_b: str | None = None,
               full: bool = False, ledgers: bool = True) -> DiffResult:
     """Compare two logs; see the module docstring."""
-    a, b = scan_digests(a_path, prefix_a), scan_digests(b_path, prefix_b)
+    skip_a, skip_b = ({}, {}) if full else equal_segments(seek.segments(a_path, prefix_a),
+                                                           seek.segments(b_path, prefix_b))
+    a, b = scan_digests(a_path, prefix_a, skip_a), scan_digests(b_path, prefix_b, skip_b)
     result = DiffResult(damage=[*a.damage, *b.damage], full=full)
     if a.header is None or b.header is None:
         result.damage.append("a log without a header")

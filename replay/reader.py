@@ -27,6 +27,7 @@ from offload_fsm.framing import HEADER_BYTES, Damage, Record, scan_stream
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
 from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
+from offload_fsm.logpeek import body_at, payload_kind
 
 
 @attrs.frozen(kw_only=True)
@@ -173,10 +174,6 @@ def read_log(
 # --------------------------------------------------------------------------
 # Peeking at payloads without decoding them (``replay diff``'s index).
 
-_ARRAY_START = {0xDC: 3, 0xDD: 5}  # array16, array32: bytes before the first item
-_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xCA: 4, 0xCB: 8}
-
-
 class Chunk(NamedTuple):
     """An INPUTS record located, not decoded: events ``first_seq`` to
     ``end_seq - 1``, and ``key``, a CRC32 of its body after the envelope's
@@ -195,47 +192,14 @@ class Chunk(NamedTuple):
     segment: int = 0
 
 
-def payload_kind(payload: bytes) -> int:
-    """The envelope kind of a payload, without decoding it (-1 if odd)."""
-    if not payload:
-        return -1
-    first = payload[0]
-    at = 1 if 0x90 <= first <= 0x9F else _ARRAY_START.get(first, -1)
-    if at < 0 or at >= len(payload):
-        return -1
-    return payload[at] if payload[at] < 0x80 else -1
-
-
-def _uint(payload: bytes, at: int) -> tuple[int, int]:
-    """A msgpack unsigned int (or a float, value 0) at ``at``: (value, next)."""
-    first = payload[at]
-    if first < 0x80:
-        return first, at + 1
-    size = _UINT_BYTES[first]
-    if first in (0xCA, 0xCB):
-        return 0, at + 1 + size
-    return int.from_bytes(payload[at + 1 : at + 1 + size], "big"), at + 1 + size
-
-
 def input_chunk(path: str, offset: int, payload: bytes, *, index: int = 0, segment: int = 0,
                 chain: int | None = None) -> Chunk | None:
     """The :class:`Chunk` of an INPUTS payload (None if its envelope is odd);
     ``chain``: the key it continues (see :class:`Chunk`)."""
-    try:
-        first = payload[0]
-        if 0x90 <= first <= 0x9F:
-            items, at = first & 0x0F, 1
-        elif first == 0xDC:
-            items, at = int.from_bytes(payload[1:3], "big"), 3
-        elif first == 0xDD:
-            items, at = int.from_bytes(payload[1:5], "big"), 5
-        else:
-            return None
-        at += 1  # the kind
-        seq, at = _uint(payload, at)
-        _, at = _uint(payload, at)  # the wall clock: not part of the key
-    except (IndexError, KeyError):
+    head = body_at(payload)
+    if head is None:
         return None
+    items, seq, at = head
     body = memoryview(payload)[at:]
     key = zlib.crc32(body) if chain is None else zlib.crc32(body, chain)
     # Positional: a diff builds one per INPUTS record of both logs.

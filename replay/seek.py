@@ -38,9 +38,10 @@ from offload_fsm.framing import Damage, scan_stream
 from offload_fsm.logcompact import requests_of
 from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logformat import END, HEADER, INDEX, SNAPSHOT, Header, Index, Inputs, Snapshot
+from offload_fsm.logpeek import payload_kind
 from offload_fsm.logwire import wire
 from offload_fsm.state import State
-from replay.reader import Entry, LogDamage, payload_kind, read_file, run_files
+from replay.reader import Entry, LogDamage, read_file, run_files
 from replay.runner import Observer, ReplayResult, _Fold, replay
 
 __all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]

@@ -18,7 +18,8 @@ from offload_fsm.framing import Record, scan
 from offload_fsm.logbatch import Deflater, Inflater
 from offload_fsm.logcompact import WireContext
 from offload_fsm.logformat import BATCH, INDEX, SNAPSHOT
-from replay.reader import payload_kind, read_file
+from offload_fsm.logpeek import payload_kind
+from replay.reader import read_file
 from replay.runner import replay
 from tests.replay.conftest import record_workload
 
@@ -274,3 +275,21 @@ def test_the_schema_5_golden_log_holds_runs_and_references() -> None:
     golden = Path(__file__).parents[1] / "data" / "logs" / "v5" / "golden-000000.lolog"
     runs, refs = _compact_forms_in(golden)
     assert runs > 100 and refs > 1000
+
+
+@pytest.mark.parametrize("level", [0, 6])
+def test_each_segment_index_is_keyed_with_the_bodies_the_segment_holds(
+        tmp_path: Path, level: int) -> None:
+    from offload_fsm.logdecode import LogDecoder
+    from testkit.logedit import rekeyed
+
+    directory, _ = record_workload(tmp_path / "log", requests=80, seed=2, pool_blocks=48,
+                                   concurrency=6, recorder_options={
+                                       "snapshot_every": 150, "compress_level": level})
+    payloads = [r.payload for r in scan((directory / "run-000000.lolog").read_bytes())
+                if isinstance(r, Record)]
+    assert rekeyed(payloads) == payloads  # the recorder keys each INDEX as documented
+    decoder = LogDecoder()
+    keys = [record.key for p in payloads for record in decoder.decode_all(p)
+            if type(record).__name__ == "Index"]
+    assert len(keys) >= 3 and None not in keys and len(set(keys)) == len(keys)

@@ -10,8 +10,10 @@ from pathlib import Path
 import msgpack
 
 from offload_fsm.framing import Record, frame, scan
+from offload_fsm.logformat import INDEX
 from replay.cli import main
 from replay.diff import diff_logs
+from testkit.logedit import rekeyed
 from tests.replay.conftest import record_workload
 
 
@@ -22,8 +24,8 @@ def _copy_altering(source: Path, target: Path, change) -> dict[str, int]:  # typ
     altered: dict[str, int] = {}
     for item in scan(path.read_bytes()):
         assert isinstance(item, Record)
-        out.append(frame(change(item.payload, altered)))
-    path.write_bytes(b"".join(out))
+        out.append(change(item.payload, altered))
+    path.write_bytes(b"".join(map(frame, rekeyed(out))))  # as a recorder would key it
     return altered
 
 
@@ -139,3 +141,38 @@ def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
     assert "EndSession" not in text
     short = _format_wire((drops[:2], ends[:1]))
     assert short.count("OpsDropped(") == 2 and "EndSession" in short and "more" not in short
+
+
+def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
+    from replay.diff import equal_segments, scan_digests
+    from replay.seek import segments
+
+    a, world = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64,
+                               concurrency=8, recorder_options={
+                                   "digest_every": 100, "compress_level": 0,
+                                   "snapshot_every": 200})
+    late = len(world.applied) - 150
+    altered = _copy_altering(a, tmp_path / "b", _alter_check_after(late))
+    skip_a, skip_b = equal_segments(segments(a), segments(tmp_path / "b"))
+    assert len(skip_a) == len(skip_b) >= 3
+    skipped_to = max(skip_a.values())
+    assert skipped_to <= altered["seq"]  # the altered segment is read
+    assert min(c.first_seq for c in scan_digests(a, skip=skip_a).chunks) == skipped_to
+    result = diff_logs(a, tmp_path / "b", ledgers=False)
+    assert (result.kind, result.seq) == ("outcome", altered["seq"])
+    assert result.walked_from >= skipped_to
+    assert diff_logs(a, a, ledgers=False).identical
+    # A segment keyed differently on one side ends the shared prefix there.
+    shutil.copytree(a, tmp_path / "c")
+    path, indexes = tmp_path / "c" / "run-000000.lolog", 0
+    payloads = [r.payload for r in scan(path.read_bytes()) if isinstance(r, Record)]
+    for at, payload in enumerate(payloads):
+        item = list(msgpack.unpackb(payload))
+        if item[0] == INDEX:
+            indexes += 1
+            if indexes == 2:
+                item[7] ^= 1
+                payloads[at] = msgpack.packb(item)
+    path.write_bytes(b"".join(map(frame, payloads)))
+    assert len(equal_segments(segments(a), segments(tmp_path / "c"))[0]) == 1
+    assert len(equal_segments(segments(a), segments(a))[0]) == len(segments(a))

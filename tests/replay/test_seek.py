@@ -14,8 +14,8 @@ import pytest
 
 from offload_fsm.framing import Record, frame, scan
 from offload_fsm.logformat import INDEX, SNAPSHOT
+from offload_fsm.logpeek import payload_kind
 from replay.cli import main
-from replay.reader import payload_kind
 from replay.seek import segments
 from tests.replay.conftest import record_workload
 
