@@ -121,9 +121,11 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
                 yield Entry(path=name, offset=item.offset, record=record)
 
 
-# The stored keys the snapshots before an offset leave (file, offset, size,
-# mtime -> keys): reading a file from a segment again (diff reads each side
-# twice, explain and seek re-enter files) skips decoding every earlier snapshot.
+# The stored keys the snapshots before an offset leave ((file, size, mtime,
+# offset) -> keys): reading a file from a segment again (diff reads each side
+# twice, explain and seek re-enter files) skips decoding every earlier
+# snapshot, and reading it from a later segment (parallel verify's workers
+# take a file's segments in order) decodes only the snapshots in between.
 _KEYS_BEFORE: dict[tuple[str, int, int, int], tuple[Any, ...] | None] = {}
 _KEYS_BEFORE_MAX = 64
 
@@ -132,29 +134,35 @@ def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
             ) -> Iterator[Record | Damage]:
     """The file's frames; from ``start_offset`` after the first (the header).
     The snapshots between go to ``decoder`` unseen: a snapshot's stored keys
-    may be a delta against the one before (``logcompact``)."""
+    may be a delta against the one before (``logsnapshot``)."""
     if not start_offset:
         yield from scan_stream(stream)
         return
     stat = os.fstat(stream.fileno())
-    known = (stream.name, start_offset, stat.st_size, stat.st_mtime_ns)
-    header = True
-    for item in scan_stream(stream):
-        if header:
-            yield item
-            header = not isinstance(item, Record)
-            if not header and known in _KEYS_BEFORE:
-                decoder.keys = _KEYS_BEFORE[known]
-                break
-            continue
-        if isinstance(item, Record) and item.offset >= start_offset:
+    file_id = (stream.name, stat.st_size, stat.st_mtime_ns)
+    frames = scan_stream(stream)
+    for item in frames:  # the header, and damage before it
+        yield item
+        if isinstance(item, Record):
             break
-        if isinstance(item, Record) and payload_kind(item.payload) == SNAPSHOT:
-            with contextlib.suppress(LogCorrupt):
-                decoder.decode(item.payload)
-    if len(_KEYS_BEFORE) >= _KEYS_BEFORE_MAX:
-        _KEYS_BEFORE.pop(next(iter(_KEYS_BEFORE)))
-    _KEYS_BEFORE[known] = decoder.keys
+    cached = [at for (*same, at) in _KEYS_BEFORE if tuple(same) == file_id
+              and at <= start_offset]
+    base = 0
+    if cached:
+        base = max(cached)
+        decoder.keys = _KEYS_BEFORE[(*file_id, base)]
+        stream.seek(base)
+        frames = scan_stream(stream)
+    if base < start_offset:
+        for item in frames:
+            if isinstance(item, Record) and item.offset + base >= start_offset:
+                break
+            if isinstance(item, Record) and payload_kind(item.payload) == SNAPSHOT:
+                with contextlib.suppress(LogCorrupt):
+                    decoder.decode(item.payload)
+        if len(_KEYS_BEFORE) >= _KEYS_BEFORE_MAX:
+            _KEYS_BEFORE.pop(next(iter(_KEYS_BEFORE)))
+        _KEYS_BEFORE[(*file_id, start_offset)] = decoder.keys
     stream.seek(start_offset)
     for item in scan_stream(stream):
         if isinstance(item, Record):

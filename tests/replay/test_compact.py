@@ -293,3 +293,37 @@ def test_each_segment_index_is_keyed_with_the_bodies_the_segment_holds(
     keys = [record.key for p in payloads for record in decoder.decode_all(p)
             if type(record).__name__ == "Index"]
     assert len(keys) >= 3 and None not in keys and len(set(keys)) == len(keys)
+
+
+def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path: Path) -> None:
+    from replay import reader
+    from replay.seek import segments
+
+    directory, _ = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,
+                                   concurrency=8, recorder_options={"snapshot_every": 150})
+    path = directory / "run-000000.lolog"
+    starts = [s.offset for s in segments(directory) if s.offset > 0]
+    assert len(starts) >= 4
+
+    def records(offset: int) -> list[object]:
+        return [e.record for e in read_file(path, start_offset=offset) if hasattr(e, "record")]
+
+    reader._KEYS_BEFORE.clear()
+    cold = {offset: records(offset) for offset in starts[::-1]}  # each from a colder cache
+    assert len(reader._KEYS_BEFORE) == len(starts)
+    decoded = 0
+    original = reader.LogDecoder.decode
+
+    def counting(self: object, payload: bytes) -> object:
+        nonlocal decoded
+        decoded += 1
+        return original(self, payload)  # type: ignore[arg-type]
+
+    reader._KEYS_BEFORE.clear()
+    reader.LogDecoder.decode = counting  # type: ignore[method-assign]
+    try:
+        warm = {offset: records(offset) for offset in starts}  # in order: one pass in all
+    finally:
+        reader.LogDecoder.decode = original  # type: ignore[method-assign]
+    assert warm == cold
+    assert decoded == len(starts) - 1  # each earlier snapshot decoded once, not again per read
