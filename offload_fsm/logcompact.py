@@ -247,21 +247,19 @@ def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
 
 
 class Lists:
-    """Where each block id was last seen in a segment's block lists: the
-    list (``last``) and the position in it (``at``); one entry per block id.
-    Two dicts of shared objects (small ints are interned), so learning a
-    list allocates nothing per block."""
+    """The last of a segment's block lists that held each block id (one
+    entry per block id, all pointing at shared tuples, so learning a list
+    allocates nothing per block; a block's position is found when a run
+    needs it)."""
 
-    __slots__ = ("last", "at")
+    __slots__ = ("last",)
 
     def __init__(self) -> None:
         self.last: dict[int, tuple[int, ...]] = {}
-        self.at: dict[int, int] = {}
 
     def learn(self, ids: tuple[int, ...]) -> None:
         """Each block of ``ids`` is now last seen there."""
         self.last.update(zip(ids, repeat(ids)))
-        self.at.update(zip(ids, range(len(ids)), strict=True))
 
 
 def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
@@ -269,12 +267,12 @@ def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
     before as ``(first, length)``: ``length`` ids from ``first`` on in the
     last list that held ``first``; then ``lists`` learns ``ids``."""
     out: list[Any] = []
-    last, at = lists.last, lists.at
+    last = lists.last
     i, n = 0, len(ids)
     while i < n:
         before = last.get(ids[i])
         if before is not None:
-            p = at[ids[i]]
+            p = before.index(ids[i])
             m = min(n - i, len(before) - p)
             if ids[i:i + m] != before[p:p + m]:
                 j = 1
@@ -300,7 +298,7 @@ def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[i
     if not intact:
         raise LogCorrupt("a block-id run against records lost to damage")
     out: list[int] = []
-    last, at = lists.last, lists.at
+    last = lists.last
     for item in items:
         if type(item) is int:
             out.append(item)
@@ -311,7 +309,7 @@ def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[i
         before = last.get(block_id)
         if before is None:
             raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
-        p = at[block_id]
+        p = before.index(block_id)
         copied = before[p:p + length]
         if len(copied) != length:
             raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "
