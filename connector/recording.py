@@ -46,11 +46,13 @@ Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
 batch boundary, this thread also takes a snapshot that starts a new
 *segment* within the file, and before each snapshot (and the END) queues an
 INDEX item, which the writer thread turns into the ending segment's index
-(its steps and request ids) for ``replay explain``'s seeking. The writer
-thread encodes events in compact forms (window deltas, hash references)
-and deflates each flush's records into one BATCH record at
-``compress_level`` (0: plain, one frame per record); a file's snapshots
-after its first carry the stored keys as a delta. Cost of all this, on
+(its steps, request ids and, schema 5, the key of the bodies it wrote:
+``logformat.Index.key``) for ``replay explain``'s seeking and ``replay
+diff``'s skipping. The writer thread encodes events in compact forms (window
+deltas, hash references, block-id runs) and deflates each flush's records
+into one BATCH record at ``compress_level`` (0: plain, one frame per
+record); a file's snapshots after its first carry the stored keys as a
+delta, and every snapshot's ops compact forms (``logsnapshot``). Cost of all this, on
 both threads: ``bench/bench_record.py``.
 After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it

@@ -100,7 +100,7 @@ def scan_digests(path: str | os.PathLike[str], prefix: str | None = None,
                  skip: _Skip | None = None) -> Digests:
     """Pass 1: every state digest of the run, keyed by the last event applied
     before it, and where each file starts; INPUTS payloads are not decoded
-    (a schema 4 batch is inflated, not decoded). The segments in ``skip``
+    (a batch, schema 4 on, is inflated, not decoded). The segments in ``skip``
     are not even inflated: their events, checks and digests are known equal
     to the other log's (:func:`equal_segments`)."""
     out = Digests()
