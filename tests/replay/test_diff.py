@@ -176,3 +176,21 @@ def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
     path.write_bytes(b"".join(map(frame, payloads)))
     assert len(equal_segments(segments(a), segments(tmp_path / "c"))[0]) == 1
     assert len(equal_segments(segments(a), segments(a))[0]) == len(segments(a))
+
+
+def test_damage_inside_segments_that_would_be_skipped_is_still_reported(tmp_path: Path) -> None:
+    from replay.diff import equal_segments
+    from replay.seek import segments
+
+    a, _ = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64, concurrency=8,
+                           recorder_options={"snapshot_every": 200})  # batched: compact forms
+    shutil.copytree(a, tmp_path / "b")
+    path = tmp_path / "b" / "run-000000.lolog"
+    starts = [s.offset for s in segments(a)]
+    data = bytearray(path.read_bytes())
+    data[(starts[1] + starts[2]) // 2] ^= 0xFF  # inside the second segment's batches
+    path.write_bytes(bytes(data))
+    assert len(equal_segments(segments(a), segments(tmp_path / "b"))[0]) >= 2  # its INDEX is intact
+    result = diff_logs(a, tmp_path / "b", ledgers=False)
+    assert result.damage, "a damaged frame must be reported even where segments match"
+    assert _run("diff", str(a), str(tmp_path / "b"))[0] == 3
