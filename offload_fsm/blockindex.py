@@ -7,6 +7,18 @@ All holders of a block share its snapshot hash, kept beside it in
 indexed one proves the block was reallocated without a report, and the
 earlier holders lost their data (:func:`index`).
 
+Chunks, not blocks: ops are whole LMCache chunks, and a prefix-cache hit
+re-offers the chunks other ops hold, so the blocks of a shared chunk have
+the same holders. They share one entry (``state.Holders``, which names its
+blocks and their hashes): an op joining or leaving such a chunk is one dict
+update and two tuple comparisons, not a lookup, a hash check and an update
+per block (on the roomy agentic trace 78 % of the blocks indexed were
+already held, and the per-block index was a third of the fold). Where the
+holders of a chunk's blocks part ways (a reallocated block, an op over part
+of the chunk, one holding its blocks out of order), the entry is split into
+one dict per block first, and the block-by-block rules below apply as before;
+so the holders each block has, and their order, never depend on the sharing.
+
 Incremental loss detection: the shell reports only the watched blocks
 allocated this step, with their hash now; :func:`apply_reallocations`
 checks each in O(1) and drops, with the rest of its request (prefix
@@ -16,22 +28,56 @@ closure), every buffered op whose block really changed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import is_
 
 from offload_fsm.buffer import after_buffer_change, count_drop, maybe_end
 from offload_fsm.decisions import DropCause
 from offload_fsm.hooks import Scope
 from offload_fsm.pins import release_pinned
-from offload_fsm.state import Op, State, holders
+from offload_fsm.state import BlockHash, Holders, Op, State, holders
 
 
 def index(state: State, op: Op, scope: Scope) -> None:
+    ids, snapshot, size = op.block_ids, op.block_hashes, op.blocks_per_chunk
+    if size < 2 or len(ids) != len(snapshot):
+        _index_blocks(state, op, ids, snapshot, scope)
+        return
     owners, hashes = state.owners, state.owner_hashes
-    for block_id, block_hash in zip(op.block_ids, op.block_hashes, strict=True):
+    for start in range(0, len(ids), size):
+        chunk, values = ids[start:start + size], snapshot[start:start + size]
+        entry = owners.get(chunk[0])
+        if type(entry) is Holders:
+            if entry.blocks == chunk and entry.hashes == values:  # none reallocated
+                entry[op.op_id] = op
+                continue
+        elif entry is None:
+            if len(chunk) == size and not any(map(owners.__contains__, chunk)):
+                owners.update(zip(chunk, repeat(op)))
+                hashes.update(zip(chunk, values, strict=True))
+                continue
+        elif (type(entry) is Op and len(chunk) == size
+              and all(map(is_, map(owners.get, chunk), repeat(entry)))
+              and tuple(map(hashes.__getitem__, chunk)) == values):
+            shared = Holders({entry.op_id: entry, op.op_id: op}, chunk, values)
+            owners.update(zip(chunk, repeat(shared)))
+            continue
+        _index_blocks(state, op, chunk, values, scope)
+
+
+def _index_blocks(state: State, op: Op, ids: tuple[int, ...],
+                  snapshot: tuple[BlockHash, ...], scope: Scope) -> None:
+    """Block by block: what :func:`index` does where a chunk is not shared
+    whole (and where a block was reallocated without a report)."""
+    owners, hashes = state.owners, state.owner_hashes
+    for block_id, block_hash in zip(ids, snapshot, strict=True):
         entry = owners.get(block_id)
         if entry is None:
             owners[block_id] = op
             hashes[block_id] = block_hash
             continue
+        if type(entry) is Holders:
+            entry = _split(owners, entry, block_id)
         if hashes[block_id] != block_hash:
             # The block was reallocated without a report (e.g. a prefix-cache
             # reset): its earlier holders' data is gone.
@@ -44,18 +90,48 @@ def index(state: State, op: Op, scope: Scope) -> None:
             entry[op.op_id] = op
 
 
+def _split(owners: dict[int, Op | dict[int, Op]], shared: Holders, block_id: int
+           ) -> dict[int, Op]:
+    """Give each block of ``shared`` a dict of its own (their holders are
+    about to part ways); returns ``block_id``'s."""
+    for member in shared.blocks:
+        if owners.get(member) is shared:
+            owners[member] = dict(shared)
+    mine = owners[block_id]
+    assert isinstance(mine, dict)
+    return mine
+
+
 def unindex(state: State, ops: Sequence[Op]) -> None:
     owners = state.owners
     for op in ops:
-        for block_id in op.block_ids:
-            entry = owners.get(block_id)
-            if entry is op:
-                del owners[block_id]
-                del state.owner_hashes[block_id]
-            elif isinstance(entry, dict) and op.op_id in entry:
+        ids, size = op.block_ids, op.blocks_per_chunk
+        start = 0
+        while start < len(ids):
+            entry = owners.get(ids[start])
+            if (size > 1 and type(entry) is Holders and op.op_id in entry
+                    and entry.blocks == ids[start:start + size]):
                 del entry[op.op_id]
                 if len(entry) == 1:
-                    owners[block_id] = next(iter(entry.values()))
+                    owners.update(zip(entry.blocks, repeat(next(iter(entry.values())))))
+                start += size
+                continue
+            _unindex_block(state, op, ids[start])
+            start += 1
+
+
+def _unindex_block(state: State, op: Op, block_id: int) -> None:
+    owners = state.owners
+    entry = owners.get(block_id)
+    if type(entry) is Holders and op.op_id in entry:
+        entry = _split(owners, entry, block_id)
+    if entry is op:
+        del owners[block_id]
+        del state.owner_hashes[block_id]
+    elif isinstance(entry, dict) and op.op_id in entry:
+        del entry[op.op_id]
+        if len(entry) == 1:
+            owners[block_id] = next(iter(entry.values()))
 
 
 def apply_reallocations(

@@ -38,6 +38,7 @@ from offload_fsm.config import Policy
 from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
 from offload_fsm.state import (
     BatchStatus,
+    Holders,
     OpStatus,
     Phase,
     State,
@@ -193,6 +194,14 @@ def indexes_agree(state: State) -> list[str]:
             problems.append("block owner index disagrees with the buffers")
         if state.owner_hashes != owner_hashes_of(state.owners):
             problems.append("owner hash index disagrees with the owners' snapshots")
+        for block_id, entry in state.owners.items():
+            if type(entry) is Holders and (
+                    block_id not in entry.blocks or len(entry) < 2
+                    or any(state.owners.get(b) is not entry for b in entry.blocks)
+                    or entry.hashes != tuple(map(state.owner_hashes.get, entry.blocks))):
+                problems.append(f"block {block_id}'s shared holders are not its chunk's "
+                                f"({entry.blocks} -> {sorted(entry)})")
+                break
         stale, live = dict(state.stored_stale), []
         for key in state.stored_order:
             if stale.get(key):

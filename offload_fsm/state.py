@@ -115,6 +115,23 @@ class RequestState:
     stray_receipts: int = 0  # receipts still due for a batch abandoned at its lease
 
 
+class Holders(dict[int, Op]):
+    """A ``State.owners`` entry that the blocks of one chunk share (``blocks``,
+    in op order, and their snapshot ``hashes``, as ``owner_hashes`` holds
+    them): every op holding one of them holds them all, so an op joining or
+    leaving the chunk is one dict update, not one per block. A plain dict is
+    an entry of one block (snapshots restore those; an entry whose blocks
+    part ways is split into them, ``blockindex``)."""
+
+    __slots__ = ("blocks", "hashes")
+
+    def __init__(self, ops: dict[int, Op], blocks: tuple[int, ...],
+                 hashes: tuple[BlockHash, ...]) -> None:
+        super().__init__(ops)
+        self.blocks = blocks
+        self.hashes = hashes
+
+
 def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:
     """The ops of one ``State.owners`` entry."""
     if entry is None:

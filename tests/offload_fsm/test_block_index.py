@@ -1,0 +1,100 @@
+"""EVICTION_AWARE's block index shares one holders entry among the blocks of
+a chunk (``state.Holders``): ops joining and leaving it in one update, and
+the entry split back into one per block wherever the blocks' holders part
+ways (a reallocated block, an op over part of the chunk, an op that holds
+the chunk's blocks out of order). Every feed checks every invariant, the
+shared entries' included; each test also states the holders it expects."""
+
+from __future__ import annotations
+
+from offload_fsm.counters import Counter
+from offload_fsm.events import RequestPreempted
+from offload_fsm.state import Holders, holders
+from tests.offload_fsm.helpers import Harness, ea
+
+
+def _holders(h: Harness, *blocks: int) -> dict[int, list[str]]:
+    return {b: sorted(op.req.req_id for op in holders(h.state.owners.get(b))) for b in blocks}
+
+
+def _offer(h: Harness, req: str, blocks: tuple[int, ...], **kwargs: object) -> None:
+    h.offer(req, blocks=blocks, tokens=32 * len(blocks), blocks_per_chunk=4, **kwargs)
+
+
+def test_ops_sharing_a_chunk_join_and_leave_one_entry() -> None:
+    h = Harness(ea())
+    h.arrive("a", "b", "c")
+    chunk = h.new_blocks(4)
+    _offer(h, "a", chunk)
+    assert all(h.state.owners[b] is h.state.owners[chunk[0]] for b in chunk)  # a's op
+    _offer(h, "b", chunk)
+    _offer(h, "c", chunk)
+    shared = h.state.owners[chunk[0]]
+    assert type(shared) is Holders and shared.blocks == chunk and len(shared) == 3
+    assert all(h.state.owners[b] is shared for b in chunk)
+    h.feed(RequestPreempted(req_id="b"))
+    assert _holders(h, *chunk) == dict.fromkeys(chunk, ["a", "c"])
+    assert h.state.owners[chunk[0]] is shared
+    h.feed(RequestPreempted(req_id="c"))
+    assert _holders(h, *chunk) == dict.fromkeys(chunk, ["a"])
+    assert type(h.state.owners[chunk[0]]) is not Holders
+
+
+def test_a_block_reallocated_inside_a_shared_chunk_drops_its_holders() -> None:
+    h = Harness(ea())
+    h.arrive("a", "b", "c")
+    chunk = h.new_blocks(4)
+    _offer(h, "a", chunk)
+    _offer(h, "b", chunk)
+    changed = [h.hashes[b] for b in chunk]
+    changed[2] = 999_999  # the third block holds other content now, unreported
+    _offer(h, "c", chunk, hashes=changed)
+    assert h.state.counters[Counter.DROPPED_EVICTED_OPS] == 2
+    assert _holders(h, *chunk) == dict.fromkeys(chunk, ["c"])
+    assert [h.state.owner_hashes[b] for b in chunk] == changed
+
+
+def test_an_op_over_part_of_a_shared_chunk_splits_it() -> None:
+    h = Harness(ea())
+    h.arrive("a", "b", "c")
+    chunk, more = h.new_blocks(4), h.new_blocks(2)
+    _offer(h, "a", chunk)
+    _offer(h, "b", chunk)
+    _offer(h, "c", chunk[2:] + more)  # not aligned with a's and b's chunk
+    assert _holders(h, *chunk, *more) == {
+        chunk[0]: ["a", "b"], chunk[1]: ["a", "b"], chunk[2]: ["a", "b", "c"],
+        chunk[3]: ["a", "b", "c"], more[0]: ["c"], more[1]: ["c"]}
+    assert not any(type(h.state.owners[b]) is Holders for b in chunk)
+    h.feed(RequestPreempted(req_id="a"))
+    assert _holders(h, *chunk, *more) == {
+        chunk[0]: ["b"], chunk[1]: ["b"], chunk[2]: ["b", "c"], chunk[3]: ["b", "c"],
+        more[0]: ["c"], more[1]: ["c"]}
+
+
+def test_an_op_holding_a_chunks_blocks_out_of_order_leaves_it_block_by_block() -> None:
+    h = Harness(ea())
+    h.arrive("a", "b")
+    chunk, other = h.new_blocks(4), h.new_blocks(4)
+    _offer(h, "a", (chunk[0], other[0], *chunk[1:], *other[1:]))  # not as a chunk of its own
+    _offer(h, "b", chunk)
+    shared = h.state.owners[chunk[0]]
+    assert type(shared) is Holders and sorted(shared) == sorted(
+        op.op_id for op in holders(shared))
+    h.feed(RequestPreempted(req_id="a"))
+    assert _holders(h, *chunk, *other) == {**dict.fromkeys(chunk, ["b"]),
+                                           **dict.fromkeys(other, [])}
+
+
+def test_a_snapshot_restores_shared_entries_as_one_per_block() -> None:
+    from offload_fsm import check_all, snapshot
+
+    h = Harness(ea())
+    h.arrive("a", "b")
+    chunk = h.new_blocks(4)
+    _offer(h, "a", chunk)
+    _offer(h, "b", chunk)
+    restored = snapshot.from_wire(snapshot.to_wire(h.state), h.state.config)
+    assert check_all(restored) == []
+    assert not any(type(restored.owners[b]) is Holders for b in chunk)
+    assert {b: sorted(restored.owners[b]) for b in chunk} == {  # type: ignore[arg-type]
+        b: sorted(h.state.owners[b]) for b in chunk}  # type: ignore[arg-type]
