@@ -103,35 +103,30 @@ def _split(owners: dict[int, Op | dict[int, Op]], shared: Holders, block_id: int
 
 
 def unindex(state: State, ops: Sequence[Op]) -> None:
-    owners = state.owners
+    owners, hashes = state.owners, state.owner_hashes
     for op in ops:
-        ids, size = op.block_ids, op.blocks_per_chunk
-        start = 0
-        while start < len(ids):
-            entry = owners.get(ids[start])
-            if (size > 1 and type(entry) is Holders and op.op_id in entry
-                    and entry.blocks == ids[start:start + size]):
-                del entry[op.op_id]
-                if len(entry) == 1:
-                    owners.update(zip(entry.blocks, repeat(next(iter(entry.values())))))
-                start += size
+        ids, size, op_id = op.block_ids, op.blocks_per_chunk, op.op_id
+        at, end = 0, len(ids)
+        while at < end:
+            block_id = ids[at]
+            entry = owners.get(block_id)
+            at += 1
+            if entry is op:
+                del owners[block_id]
+                del hashes[block_id]
                 continue
-            _unindex_block(state, op, ids[start])
-            start += 1
-
-
-def _unindex_block(state: State, op: Op, block_id: int) -> None:
-    owners = state.owners
-    entry = owners.get(block_id)
-    if type(entry) is Holders and op.op_id in entry:
-        entry = _split(owners, entry, block_id)
-    if entry is op:
-        del owners[block_id]
-        del state.owner_hashes[block_id]
-    elif isinstance(entry, dict) and op.op_id in entry:
-        del entry[op.op_id]
-        if len(entry) == 1:
-            owners[block_id] = next(iter(entry.values()))
+            if type(entry) is Holders and op_id in entry:
+                if entry.blocks == ids[at - 1:at - 1 + size]:  # the whole chunk at once
+                    del entry[op_id]
+                    if len(entry) == 1:
+                        owners.update(zip(entry.blocks, repeat(next(iter(entry.values())))))
+                    at += size - 1
+                    continue
+                entry = _split(owners, entry, block_id)
+            if isinstance(entry, dict) and op_id in entry:
+                del entry[op_id]
+                if len(entry) == 1:
+                    owners[block_id] = next(iter(entry.values()))
 
 
 def apply_reallocations(
