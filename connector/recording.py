@@ -52,7 +52,7 @@ diff``'s skipping. The writer thread encodes events in compact forms (window
 deltas, hash references, block-id runs) and deflates each flush's records
 into one BATCH record at ``compress_level`` (0: plain, one frame per
 record); a file's snapshots after its first carry the stored keys as a
-delta, and every snapshot's ops compact forms (``logsnapshot``). Cost of all this, on
+delta, and every snapshot's ops are in compact forms (``logsnapshot``). Cost of all this, on
 both threads: ``bench/bench_record.py``.
 After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it

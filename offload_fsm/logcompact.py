@@ -67,8 +67,9 @@ _REQ_FIELD_TAGS: Final = frozenset((1, 2, 4, 5))  # events whose first field is 
 
 
 class WireContext:
-    """What the events before in the segment told: the last window read and
-    the last hash sent per block id (bounded by the engine's block pool)."""
+    """What the events before in the segment told: the last window read, the
+    last hash sent per block id and the last offered list holding each block
+    id (each bounded by the engine's block pool)."""
 
     __slots__ = ("window", "hashes", "lists", "intact")
 
