@@ -40,7 +40,7 @@ from offload_fsm.state import BlockHash, Holders, Op, State, holders
 
 def index(state: State, op: Op, scope: Scope) -> None:
     ids, snapshot, size = op.block_ids, op.block_hashes, op.blocks_per_chunk
-    if size < 2 or len(ids) != len(snapshot):
+    if size < 2:
         _index_blocks(state, op, ids, snapshot, scope)
         return
     owners, hashes = state.owners, state.owner_hashes

@@ -162,12 +162,11 @@ class WireContext:
                 pairs = tuple(self._unpair(p) for p in item[7])
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
-                ids = unruns(item[4], self.lists, self.intact)
-                refs = item[5]
-                hashes = (resolve(ids, refs, self.hashes, self._known) if self.intact else
-                          tuple(self._known(b) if v is True else v
-                                for b, v in zip(ids, refs, strict=True)))
-                return (*item[:4], ids, hashes, *item[6:])
+                ids, refs = unruns(item[4], self.lists, self.intact), item[5]
+                if not self.intact and any(value is True for value in refs):
+                    raise LogCorrupt("a hash reference into records lost to damage")
+                return (*item[:4], ids, resolve(ids, refs, self.hashes, self._known),
+                        *item[6:])
             if tag == _FREE_QUEUE:
                 return (tag, self._undelta(item[1]))
             if tag == _HASHES:

@@ -129,4 +129,4 @@ def expand_snapshot(wire: Any, previous: tuple[Any, ...] | None
         keys = (*previous[front:], *tail)
         return (*wire[:2], (*body[:at], keys, *body[at + 1:]), *wire[3:]), keys
     except (KeyError, IndexError, TypeError, ValueError) as error:
-        raise LogCorrupt(f"snapshot keys: {error!r}") from None
+        raise LogCorrupt(f"snapshot ops or keys: {error!r}") from None

@@ -208,7 +208,6 @@ def input_chunk(path: str, offset: int, payload: bytes, *, index: int = 0, segme
     if head is None:
         return None
     items, seq, at = head
-    body = memoryview(payload)[at:]
-    key = zlib.crc32(body) if chain is None else zlib.crc32(body, chain)
+    key = zlib.crc32(memoryview(payload)[at:], 0 if chain is None else chain)
     # Positional: a diff builds one per INPUTS record of both logs.
     return Chunk(path, offset, seq, seq + (items - 3) // 2, key, index, segment)
