@@ -158,7 +158,21 @@ def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
     skipped_to = max(skip_a.values())
     assert skipped_to <= altered["seq"]  # the altered segment is read
     assert min(c.first_seq for c in scan_digests(a, skip=skip_a).chunks) == skipped_to
-    result = diff_logs(a, tmp_path / "b", ledgers=False)
+    from replay import diff
+
+    skips_used: list[object] = []
+    original = diff.scan_digests
+
+    def spying(path: object, prefix: object = None, skip: object = None) -> object:
+        skips_used.append(skip)
+        return original(path, prefix, skip)  # type: ignore[arg-type]
+
+    diff.scan_digests = spying  # type: ignore[assignment]
+    try:
+        result = diff_logs(a, tmp_path / "b", ledgers=False)
+    finally:
+        diff.scan_digests = original
+    assert skips_used == [skip_a, skip_b]  # diff itself leaves the equal segments unread
     assert (result.kind, result.seq) == ("outcome", altered["seq"])
     assert result.walked_from >= skipped_to
     assert diff_logs(a, a, ledgers=False).identical
