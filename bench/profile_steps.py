@@ -7,8 +7,10 @@ Runs ``bench.simulate`` with the same arguments, with the connector's
 scheduler-side phases wrapped (wall time, inclusive; a phase inside another
 is counted in both), and after each simulated step files what each phase
 took in that step beside the step's connector time as the simulator measures
-it. Prints, for the slowest 1 % of steps and for the 100 steps around the
-median, the mean per step of each phase:
+it. Prints, per connector arm (ours and LMCache's own, so ``--arms "stock
+eager,ours EA"`` puts the same LMCache code side by side), for the slowest
+1 % of steps and for the 100 steps around the median, the mean per step of
+each phase:
 
 * ``build_connector_meta`` (LMCache's, with ``offer`` and ``step`` inside);
 * ``offer``: ``add_store_candidate`` (fingerprints, ``CandidateOffered``);
@@ -18,15 +20,21 @@ median, the mean per step of each phase:
 * ``fingerprints``, ``record`` (the event log on the scheduler thread);
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
 * ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
-  ``update_connector_output``.
+  ``update_connector_output``;
+* LMCache's own parts of ``build_connector_meta``, run by both arms:
+  ``lmc new requests``, ``lmc cached requests`` (each with ``offer`` inside
+  in ours), ``lmc GetStoreMetadata``, ``lmc allocation deltas``;
+* ``gc``: the cyclic collector's pauses anywhere in the step (``gc.callbacks``;
+  ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
+  which land inside whichever phase allocated when a collection came due.
 
-What no phase explains is the rest of LMCache's own work and interpreter
-pauses (the cyclic GC) that land in a step.
+And the mean over every step, which compares arms whose steps rank differently.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import time
 from collections import Counter
@@ -50,7 +58,25 @@ def _wrap(owner: Any, name: str, phase: str) -> None:
     setattr(owner, name, timed)
 
 
-def _install() -> list[tuple[float, dict[str, float]]]:
+def _time_collections() -> None:
+    """File the cyclic collector's pauses as the ``gc`` (and ``gc2``) phase."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        paused = time.perf_counter() - started[0]
+        _PHASES["gc"] += paused
+        _PHASES[f"gc{info['generation']}"] += paused
+
+    gc.callbacks.append(callback)
+
+
+def _install() -> dict[str, list[tuple[float, dict[str, float]]]]:
+    from lmcache.integration.vllm import lmcache_mp_connector as stock
+    from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
+
     from bench.sim import engine
     from connector import blocks, manager, metrics, recording
     from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
@@ -70,19 +96,30 @@ def _install() -> list[tuple[float, dict[str, float]]]:
         (mgr, "on_store_results", "receipts"),
         (mgr, "on_request_finished", "finished"),
         (Connector, "update_connector_output", "update_connector_output"),
+        (stock.LMCacheMPConnector, "_process_new_requests", "lmc new requests"),
+        (stock.LMCacheMPConnector, "_process_cached_requests", "lmc cached requests"),
+        (stock.LMCacheMPConnector, "_report_block_allocation_deltas", "lmc allocation deltas"),
     ):
         _wrap(owner, name, phase)
-    steps: list[tuple[float, dict[str, float]]] = []
+    _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
+    _time_collections()
+    steps: dict[str, list[tuple[float, dict[str, float]]]] = {}
     one_step = engine.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
         _PHASES.clear()
         one_step(self, step)
-        if self.view.ours:  # the arm this profiles
-            steps.append((self.res.conn_ms[-1], dict(_PHASES)))
+        if self.arm.kind != "none":  # the arms with a connector
+            steps.setdefault(self.arm.name, []).append((self.res.conn_ms[-1], dict(_PHASES)))
 
     engine.Sim._one_step = filed  # type: ignore[method-assign]
     return steps
+
+
+def _wrap_static(owner: Any, name: str, phase: str) -> None:
+    """:func:`_wrap` for a static method (called through the class)."""
+    _wrap(owner, name, phase)
+    setattr(owner, name, staticmethod(getattr(owner, name)))
 
 
 def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
@@ -101,13 +138,16 @@ def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
 def main() -> int:
     from bench import simulate
 
-    steps = _install()
+    by_arm = _install()
     status = simulate.main(sys.argv[1:])
-    ranked = sorted(steps, key=lambda s: -s[0])
-    print("\n## where ours' connector time goes (bench.profile_steps; phases inclusive)")
-    _report("slowest 1 %", ranked[: max(1, len(ranked) // 100)])
-    middle = len(ranked) // 2
-    _report("100 steps around the median", ranked[max(0, middle - 50) : middle + 50])
+    print("\n## where the connector's time goes (bench.profile_steps; phases inclusive)")
+    for arm, steps in by_arm.items():
+        print(f"### {arm}")
+        ranked = sorted(steps, key=lambda s: -s[0])
+        _report("slowest 1 %", ranked[: max(1, len(ranked) // 100)])
+        middle = len(ranked) // 2
+        _report("100 steps around the median", ranked[max(0, middle - 50) : middle + 50])
+        _report("every step", ranked)
     return status
 
 

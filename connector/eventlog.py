@@ -43,6 +43,20 @@ Contract towards the caller (the vLLM scheduler thread)
 * Appends are intended to come from one thread (the scheduler).  Several
   producer threads are safe (the deque operations are atomic) but the queue
   bound and the loss accounting are then approximate.
+* The GIL. The writer's encoding and folding is Python, under the one GIL
+  with vLLM's scheduler thread, and a thread waiting for the GIL waits up to
+  CPython's switch interval (5 ms) for the holder to let it go. So the writer
+  gives it away after every ``_SLICE_S`` of work by sleeping ``_HANDOFF_S``
+  (``time.sleep(0)`` does not hand it over: the writer takes it back before
+  the waiter wakes, measured in stop 15; a sleep longer than a thread's
+  wake-up does), and it stands back while the producer is busy
+  (``producer_calls`` > 0: the connector, inside a call from vLLM's
+  scheduler), looking again every ``_HANDOFF_S``, for at most
+  ``_STAND_BACK_S`` at a time and only while its queue is under half full,
+  so the bound never drops events for it. In vLLM the writer's time is then
+  the scheduler's waits for the model's output, when the GIL is free. The
+  points where it does so are between items and, through ``encode`` (which
+  may call :meth:`EventLogWriter.pause_point`), inside one.
 """
 
 from __future__ import annotations
@@ -71,6 +85,10 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _instance_counter = itertools.count()
+_SLICE_S = 0.0005  # the writer's work between two GIL hand-offs
+_HANDOFF_S = 0.00005  # long enough for a waiting thread to wake and take the GIL
+_STAND_BACK_S = 0.02  # the longest the writer waits for a busy producer at once
+_clock, _sleep = time.perf_counter, time.sleep  # pause_point's (a test replaces them)
 
 
 def default_prefix() -> str:
@@ -176,7 +194,12 @@ class EventLogWriter:
         self._closing = False
         self._rotate_pending = False  # a rotation is queued, not yet done
 
+        self.producer_calls = 0  # the producer's calls in progress ("The GIL")
+
         # Writer-thread state.
+        self._writer_ident = -1  # the writer thread's (pause_point)
+        self._handoff_at = 0.0  # when it next hands the GIL over
+        self._half_full = max(1, queue_max_items // 2)
         self._items_written = 0
         self.writing = False  # the writer thread holds an item (testkit.pacing reads it)
         self._records_written = 0
@@ -404,7 +427,8 @@ class EventLogWriter:
         q = self._queue
         popleft = q.popleft
         write_item = self._write_item
-        monotonic = time.monotonic
+        monotonic, pause_point = time.monotonic, self.pause_point
+        self._writer_ident = threading.get_ident()
         self._enforce_retention()
         try:
             while True:
@@ -417,6 +441,7 @@ class EventLogWriter:
                         break
                     write_item(item)
                     n += 1
+                    pause_point()
                 self.writing = False
                 pending = self._unflushed + self._batch_bytes
                 if pending and (
@@ -437,6 +462,26 @@ class EventLogWriter:
                     self._wake.clear()
         finally:
             self._close_file()
+
+    def pause_point(self) -> None:
+        """Between two units of the writer thread's work: hand the GIL over
+        if its slice is used up, and stand back while the producer is busy
+        (the module docstring, "The GIL"). A no-op on any other thread."""
+        if threading.get_ident() != self._writer_ident:
+            return
+        now = _clock()
+        if (self.producer_calls and not self._closing
+                and len(self._queue) < self._half_full):
+            until = now + _STAND_BACK_S
+            while self.producer_calls and now < until:
+                _sleep(_HANDOFF_S)
+                now = _clock()
+        elif now >= self._handoff_at:
+            _sleep(_HANDOFF_S)
+            now = _clock()
+        else:
+            return
+        self._handoff_at = now + _SLICE_S
 
     def _weigh(self, item: object) -> int:
         try:

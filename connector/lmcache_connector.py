@@ -21,6 +21,11 @@ engine's config (``requires_piecewise_for_cudagraph``,
 plugin (``connector.plugin``), every resolution of the connector class,
 which the front end does in ``VllmConfig.__post_init__``.
 
+The event log's writer thread stands back from the GIL while vLLM's
+scheduler thread is inside one of this class's scheduler-side calls (they
+count themselves in the writer's ``producer_calls``; "The GIL" in
+``connector.eventlog``).
+
 Metrics: :meth:`get_kv_connector_stats` returns LMCache's lookup stats plus the
 lazy-offload counter deltas and gauges (``connector.metrics``); the class
 methods ``build_kv_connector_stats`` and ``build_prom_metrics`` turn them into
@@ -29,8 +34,10 @@ the "KV Transfer metrics" log line and ``vllm:lazy_offload_*`` on ``/metrics``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
@@ -38,6 +45,7 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from connector import metrics, shutdown_signal
+from connector.eventlog import EventLogWriter
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
@@ -75,9 +83,37 @@ def check_vllm_config(vllm_config: Any) -> OffloadConfig:
     return config
 
 
+def _producer_call(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, counted as a call of the event log's producer while it runs,
+    so the log's writer thread stands back from the GIL meanwhile ("The GIL"
+    in ``connector.eventlog``); nested calls count each."""
+
+    @functools.wraps(method)
+    def call(self: EventSourcedLMCacheMPConnector, *args: Any, **kwargs: Any) -> Any:
+        writer = self._log_writer
+        if writer is None:
+            return method(self, *args, **kwargs)
+        writer.producer_calls += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            writer.producer_calls -= 1
+
+    return call
+
+
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
+    # The scheduler-side calls vLLM makes every step (_producer_call).
+    build_connector_meta = _producer_call(LMCacheMPConnector.build_connector_meta)
+    update_connector_output = _producer_call(LMCacheMPConnector.update_connector_output)
+    update_state_after_alloc = _producer_call(LMCacheMPConnector.update_state_after_alloc)
+    request_finished = _producer_call(LMCacheMPConnector.request_finished)
+    request_finished_all_groups = _producer_call(
+        LMCacheMPConnector.request_finished_all_groups)
+
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
+        self._log_writer: EventLogWriter | None = None
         config = check_vllm_config(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
         self.offload_config = config
@@ -96,6 +132,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             recorder=recorder,
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
+        self._log_writer = recorder.writer if recorder is not None else None
         # Always hooked: the signal also seals the log before vLLM stops its
         # workers (``EventSourcedManager.has_inflight_store_work``).
         hooked = shutdown_signal.install(self._lazy_offload_manager.shutdown_began)
@@ -124,6 +161,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
     # -- metrics (connector.metrics) ---------------------------------------
 
+    @_producer_call
     def get_kv_connector_stats(self) -> metrics.LazyOffloadConnectorStats | None:
         """LMCache's lookup latencies since the last call plus lazy offload's
         counter deltas and changed gauges; None when nothing changed."""
@@ -152,6 +190,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return metrics.LazyOffloadPromMetrics(vllm_config, metric_types, labelnames,
                                               per_engine_labelvalues, primary_reason=primary)
 
+    @_producer_call
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -178,6 +178,10 @@ def installed_versions() -> dict[str, str]:
     return out
 
 
+def _no_pause() -> None:
+    return None
+
+
 class _Encoder:
     """Runs on the writer thread: turns queued items into payloads, in order."""
 
@@ -226,6 +230,9 @@ class _Encoder:
         self._offload_config = config
         self._fold: State | None = new_state(config, world_size=world_size)
         self._fold_seq = 0
+        # Between two events of the fold: the writer's GIL hand-off
+        # (``EventLogWriter.pause_point``, "The GIL" in connector.eventlog).
+        self.pause: Callable[[], None] = _no_pause
 
     @property
     def fold_ok(self) -> bool:
@@ -342,7 +349,9 @@ class _Encoder:
         if seq != self._fold_seq:  # dropped before the writer saw them: a GAP says so
             self._lose_fold("")
             return
+        pause = self.pause
         for event, outcome in applied:
+            pause()
             try:
                 got = step(fold, event)
             except Exception as error:
@@ -488,6 +497,7 @@ class EventRecorder:
             pack=self._encoder.pack if compress_level else None,
             batchable=_batchable,
         )
+        self._encoder.pause = self._writer.pause_point
 
     @property
     def enabled(self) -> bool:

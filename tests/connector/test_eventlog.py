@@ -363,3 +363,118 @@ def test_items_queued_just_before_close_are_written(
     assert w.close()
     assert _read(w.files[0])[1:] == [{"i": 0}, {"last": 1}, {"last": 2}]
     assert not any("during close" in m for m in warn.messages), warn.messages
+
+
+class _Clock:
+    """``pause_point``'s clock and sleep: each sleep advances the clock by
+    ``step_s`` and runs ``on_sleep`` (a test's way to end a busy spell)."""
+
+    def __init__(self, step_s: float, on_sleep: object = None) -> None:
+        self.now = 100.0
+        self.step_s = step_s
+        self.sleeps = 0
+        self.on_sleep = on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += self.step_s
+        if callable(self.on_sleep):
+            self.on_sleep(self.sleeps)
+
+
+def _paused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: _Clock, *,
+            producer_calls: int, queued: int = 0, queue_max_items: int = 8,
+            handoff_at: float = 1e9) -> EventLogWriter:
+    """A writer whose ``pause_point`` runs on this thread, on ``clock``."""
+    from connector import eventlog
+
+    w = _writer(tmp_path, queue_max_items=queue_max_items)
+    assert w.close()  # its thread is gone: nothing else touches the queue
+    w._closing = False
+    monkeypatch.setattr(eventlog, "_clock", clock.clock)
+    monkeypatch.setattr(eventlog, "_sleep", clock.sleep)
+    w._writer_ident = threading.get_ident()  # as if this were the writer thread
+    w._handoff_at = handoff_at
+    w.producer_calls = producer_calls
+    w._queue.extend({"i": i} for i in range(queued))
+    return w
+
+
+def test_pause_point_stands_back_while_the_producer_is_busy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector import eventlog
+
+    holder: list[EventLogWriter] = []
+
+    def call_ends(sleeps: int) -> None:
+        if sleeps == 3:
+            holder[0].producer_calls = 0
+
+    clock = _Clock(0.001, call_ends)
+    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1)
+    holder.append(w)
+    w.pause_point()
+    assert clock.sleeps == 3  # until the producer's call ended
+    assert w._handoff_at == clock.now + eventlog._SLICE_S
+
+
+def test_pause_point_stands_back_for_a_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector import eventlog
+
+    clock = _Clock(0.001)
+    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1)
+    w.pause_point()  # the producer stays busy: the writer goes on after _STAND_BACK_S
+    assert clock.sleeps == round(eventlog._STAND_BACK_S / 0.001)
+
+
+def test_pause_point_works_through_a_busy_producer_when_half_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock(0.001)
+    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=4, queue_max_items=8)
+    w.pause_point()  # 4 of 8 queued: standing back could let the bound drop events
+    assert clock.sleeps == 0
+
+
+def test_pause_point_hands_the_gil_over_after_a_slice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector import eventlog
+
+    clock = _Clock(0.001)
+    w = _paused(tmp_path, monkeypatch, clock, producer_calls=0, handoff_at=100.0 + 1e-3)
+    w.pause_point()  # the slice is not used up
+    assert clock.sleeps == 0
+    clock.now += 0.002
+    w.pause_point()  # now it is: one sleep, and a new slice
+    assert clock.sleeps == 1
+    assert w._handoff_at == clock.now + eventlog._SLICE_S
+
+
+def test_pause_point_never_sleeps_on_another_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock(0.001)
+    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1, handoff_at=0.0)
+    w._writer_ident = -1  # this thread is not the writer (the producer encodes a header)
+    w.pause_point()
+    assert clock.sleeps == 0
+
+
+def test_a_busy_producer_loses_nothing(tmp_path: Path) -> None:
+    """The writer thread itself, standing back while ``producer_calls`` is
+    held: every item is still written, in order, once the producer is done
+    (and close() writes through a producer that never finishes)."""
+    w = _writer(tmp_path, queue_max_items=64)
+    w.producer_calls = 1
+    for i in range(20):
+        w.append({"i": i})
+    time.sleep(0.05)
+    w.producer_calls = 0
+    for i in range(20, 40):
+        w.append({"i": i})
+    w.producer_calls = 1  # and busy again at close
+    assert w.close()
+    assert _read(w.files[0])[1:] == [{"i": i} for i in range(40)]
+    assert w.items_lost == 0

@@ -143,3 +143,20 @@ def test_a_fold_that_decides_differently_warns_and_hands_back(
     result = replay(tmp_path)
     assert result.ok, (result.divergence, result.lost, result.damage)
     assert result.events_applied == len(world.applied)
+
+
+def test_the_fold_pauses_before_every_event(tmp_path: Path) -> None:
+    """The writer's fold is its long stretch of Python: it reaches the
+    writer's GIL hand-off (``EventLogWriter.pause_point``) before each event,
+    and from the writer thread only."""
+    recorder = _recorder(tmp_path, digest_every=10, snapshot_every=0)
+    encoder, writer = recorder._encoder, recorder.writer
+    assert encoder is not None and writer is not None
+    assert encoder.pause == writer.pause_point
+    threads: list[int] = []
+    encoder.pause = lambda: threads.append(threading.get_ident())
+    world = run_workload(requests=30, seed=5, sink=recorder.record)
+    recorder.close(world.state)
+    assert len(threads) == len(world.applied)
+    assert set(threads) == {writer._thread.ident}
+    assert replay(tmp_path).ok
