@@ -23,7 +23,8 @@ each phase:
   ``update_connector_output``;
 * LMCache's own parts of ``build_connector_meta``, run by both arms:
   ``lmc new requests``, ``lmc cached requests`` (each with ``offer`` inside
-  in ours), ``lmc GetStoreMetadata``, ``lmc allocation deltas``;
+  in ours), ``lmc GetStoreMetadata``, ``lmc allocation deltas``, and
+  ``lmc lookup`` (inside ours' ``lookup``);
 * ``gc``: the cyclic collector's pauses anywhere in the step (``gc.callbacks``;
   ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
   which land inside whichever phase allocated when a collection came due.
@@ -99,6 +100,7 @@ def _install() -> dict[str, list[tuple[float, dict[str, float]]]]:
         (stock.LMCacheMPConnector, "_process_new_requests", "lmc new requests"),
         (stock.LMCacheMPConnector, "_process_cached_requests", "lmc cached requests"),
         (stock.LMCacheMPConnector, "_report_block_allocation_deltas", "lmc allocation deltas"),
+        (stock.LMCacheMPConnector, "get_num_new_matched_tokens", "lmc lookup"),
     ):
         _wrap(owner, name, phase)
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")

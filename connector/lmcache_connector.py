@@ -83,6 +83,12 @@ def check_vllm_config(vllm_config: Any) -> OffloadConfig:
     return config
 
 
+def _fingerprint(block_hash: Any) -> int:
+    """A request's block hash as ``blocks.hashes_of`` fingerprints the block
+    holding it (the pool's hash carries its KV group)."""
+    return hash(make_block_hash_with_group_id(block_hash, 0))
+
+
 def _producer_call(method: Callable[..., Any]) -> Callable[..., Any]:
     """``method``, counted as a call of the event log's producer while it runs,
     so the log's writer thread stands back from the GIL meanwhile ("The GIL"
@@ -203,10 +209,9 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             tracker = self.request_trackers.get(request.request_id)
             if (tracker is not None and tracker.lookup_started_at is None
                     and tracker.state is not LMCacheMPRequestState.BYPASS_LMCACHE):
-                # The fingerprints of blocks.hashes_of: a block's hash carries its group.
-                manager.on_lookup_result(
-                    request.request_id, int(tracker.num_lmcache_hit_tokens),
-                    [hash(make_block_hash_with_group_id(h, 0)) for h in request.block_hashes])
+                manager.on_lookup_result(request.request_id,
+                                         int(tracker.num_lmcache_hit_tokens),
+                                         request.block_hashes, _fingerprint)
         return result
 
     def reset_cache(self) -> Any:

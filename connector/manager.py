@@ -304,23 +304,26 @@ class EventSourcedManager:
             self._guarded(self._feed, PrefixCacheReset())
 
     def on_lookup_result(
-        self, request_id: str, hit_tokens: int, block_fingerprints: Sequence[int]
+        self, request_id: str, hit_tokens: int, block_hashes: Sequence[Any],
+        fingerprint: Callable[[Any], int],
     ) -> None:
         """LMCache's lookup found the first ``hit_tokens`` of ``request_id``'s
-        prefix on the server; ``block_fingerprints`` are the request's full
-        blocks' hash fingerprints (``blocks.hashes_of`` values), in order.
-        Every chunk beyond the hit that the core remembers stored is gone
-        from the server (its L1 is LRU; retrieval stops at the first missing
-        chunk, so the ones after it are of no use either): report them as
-        ``ChunksMissing``, keyed as ``Op.chunk_keys`` (each chunk's last
-        block). Needs one block stride (a single KV group)."""
+        prefix on the server; ``block_hashes`` are the request's full blocks'
+        hashes, in order, and ``fingerprint`` turns one into its
+        ``blocks.hashes_of`` value. Every chunk beyond the hit that the core
+        remembers stored is gone from the server (its L1 is LRU; retrieval
+        stops at the first missing chunk, so the ones after it are of no use
+        either): report them as ``ChunksMissing``, keyed as ``Op.chunk_keys``
+        (each chunk's last block; only those are fingerprinted, a chunk's
+        worth of blocks fewer each). Needs one block stride (a single KV
+        group)."""
         per_chunk = self._blocks_per_chunk
         if self._drain is not None or self._closed or not per_chunk:
             return
         stored = self.state.stored_keys  # read-only: the core's stored-content memory
         first = hit_tokens // (per_chunk * self._group_tokens_per_block[0])
-        keys = tuple(key for key in block_fingerprints[(first + 1) * per_chunk - 1 :: per_chunk]
-                     if key in stored)
+        last_blocks = block_hashes[(first + 1) * per_chunk - 1 :: per_chunk]
+        keys = tuple(key for key in map(fingerprint, last_blocks) if key in stored)
         if keys:
             self._guarded(self._feed, ChunksMissing(chunk_keys=keys))
 
