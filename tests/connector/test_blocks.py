@@ -1,0 +1,80 @@
+"""``connector.blocks`` over a real vLLM ``BlockPool``: the free-queue head
+is the list's first blocks in every state the pool gets into (allocations,
+prefix-cache touches out of the middle, frees), even when the free count
+disagrees with the list; a hash read gives each block's fingerprint, None
+for a block not hashed."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from testkit.env import require_stack
+
+require_stack()
+
+from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
+
+from connector import blocks  # noqa: E402
+
+BLOCK = 16
+
+
+def _linked(pool: Any) -> list[int]:
+    """The whole free list, link by link (the reference)."""
+    queue = pool.free_block_queue
+    out, block = [], queue.fake_free_list_head.next_free_block
+    while block is not queue.fake_free_list_tail:
+        out.append(block.block_id)
+        block = block.next_free_block
+    return out
+
+
+def test_the_free_queue_head_matches_the_list_as_the_pool_changes() -> None:
+    rng = random.Random(7)
+    pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
+    held: list[Any] = []
+    for _ in range(300):
+        move = rng.random()
+        if move < 0.4 and pool.get_num_free_blocks() > 4:
+            held.extend(pool.get_new_blocks(rng.randint(1, 4)))
+        elif move < 0.7 and held:
+            rng.shuffle(held)
+            freed, held = held[:rng.randint(1, len(held))], held[len(held) // 2:]
+            held = [b for b in held if b not in freed]
+            pool.free_blocks(freed)
+        elif held or pool.get_num_free_blocks() < 63:
+            free = _linked(pool)
+            if free:  # a prefix-cache hit takes a block out of the middle of the queue
+                block = pool.blocks[rng.choice(free)]
+                pool.touch([block])
+                held.append(block)
+        whole = _linked(pool)
+        for depth in (0, 1, 5, len(whole), len(whole) + 3, 200):
+            assert blocks.free_queue_head(pool, depth) == tuple(whole[:depth])
+
+
+def test_a_free_count_the_list_disagrees_with_does_not_matter() -> None:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=BLOCK)
+    held = pool.get_new_blocks(3)
+    whole = _linked(pool)
+    queue = pool.free_block_queue
+    queue.num_free_blocks += 2  # more than the list holds: the walk stops at its end
+    assert blocks.free_queue_head(pool, 100) == tuple(whole)
+    queue.num_free_blocks -= 2
+    pool.free_blocks(held)
+
+
+def test_hashes_of_reads_each_blocks_fingerprint_or_none() -> None:
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=BLOCK)
+    got = pool.get_new_blocks(4)
+    hashes = [make_block_hash_with_group_id(n.to_bytes(32, "big"), 0) for n in range(4)]
+    for block, block_hash in zip(got, hashes, strict=True):
+        block.set_block_hash(block_hash)
+    ids = [b.block_id for b in got]
+    assert blocks.hashes_of(pool, ids) == tuple(hash(h) for h in hashes)
+    got[2].reset_hash()  # not hashed (a block still filling)
+    assert blocks.hashes_of(pool, ids) == (hash(hashes[0]), hash(hashes[1]), None,
+                                           hash(hashes[3]))
+    assert blocks.hashes_of(pool, []) == ()
