@@ -41,10 +41,10 @@ def test_the_free_queue_head_matches_the_list_as_the_pool_changes() -> None:
             held.extend(pool.get_new_blocks(rng.randint(1, 4)))
         elif move < 0.7 and held:
             rng.shuffle(held)
-            freed, held = held[:rng.randint(1, len(held))], held[len(held) // 2:]
-            held = [b for b in held if b not in freed]
-            pool.free_blocks(freed)
-        elif held or pool.get_num_free_blocks() < 63:
+            cut = rng.randint(1, len(held))
+            pool.free_blocks(held[:cut])
+            held = held[cut:]
+        else:
             free = _linked(pool)
             if free:  # a prefix-cache hit takes a block out of the middle of the queue
                 block = pool.blocks[rng.choice(free)]
