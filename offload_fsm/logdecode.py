@@ -4,7 +4,8 @@ Pure module: standard library, ``attrs`` and ``msgpack`` only. A payload
 decodes under its file's schema version (a header under its own); older
 versions are brought up to date by ``logformat.UPCASTERS`` before any object
 is built. Events are built without the attrs ``__init__`` frame (the hot path
-of replay). Every failure is :class:`UnknownTag`, :class:`SchemaTooNew` or
+of replay); a snapshot's state is decoded when it is used
+(``logsnapshot.LazyState``). Every failure is :class:`UnknownTag`, :class:`SchemaTooNew` or
 :class:`LogCorrupt`.
 
 :class:`LogDecoder` decodes one file in order and keeps what schema 4's
@@ -49,7 +50,7 @@ from offload_fsm.logformat import (
     Rejected,
     Snapshot,
 )
-from offload_fsm.logsnapshot import expand_snapshot
+from offload_fsm.logsnapshot import LazyState
 
 __all__ = ["LogDecoder", "decode_record"]
 
@@ -146,8 +147,12 @@ def decode_record(
     whose header says ``created_s``; ``context``: its segment's, for compact
     events (none: a fresh one). A header decodes under its own version.
     Raises :class:`UnknownTag`, :class:`SchemaTooNew` or :class:`LogCorrupt`."""
-    return _decode_item(_unpack(payload), schema, created_s,
-                        context if context is not None else WireContext())
+    record = _decode_item(_unpack(payload), schema, created_s,
+                          context if context is not None else WireContext())
+    if type(record) is Snapshot and isinstance(record.state, bytes):
+        return Snapshot(seq=record.seq, wall_time_s=record.wall_time_s, digest=record.digest,
+                        state=_inflated_state(record.state))
+    return record
 
 
 def _decode_item(item: tuple[Any, ...], schema: int, created_s: float,
@@ -194,9 +199,9 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
                             event=_event(event), reason=reason)
         if kind == SNAPSHOT:
             digest, state = item[3:]
-            if isinstance(state, bytes):
+            if isinstance(state, bytes) and context is None:  # schema 4 on: inflated lazily
                 state = _inflated_state(state)
-            if not isinstance(digest, str) or not isinstance(state, tuple):
+            if not isinstance(digest, str) or not isinstance(state, tuple | bytes):
                 raise LogCorrupt("SNAPSHOT record without a digest and a state")
             return Snapshot(seq=seq, wall_time_s=created_s + wall / 1000.0, digest=digest,
                             state=state)
@@ -247,7 +252,7 @@ class LogDecoder:
         self.header: Header | None = None
         self.context = WireContext()
         self.inflater = Inflater()
-        self.keys: tuple[Any, ...] | None = None  # the file's last snapshot's stored keys
+        self.keys: LazyState | None = None  # the file's last snapshot's state (its stored keys)
 
     def lose(self) -> None:
         """Records were lost (damage): the segment's references are broken."""
@@ -301,7 +306,7 @@ class LogDecoder:
             self.context.reset()
             self.inflater.reset()
             if self.schema >= 4:
-                state, self.keys = expand_snapshot(record.state, self.keys)
+                self.keys = state = LazyState(record.state, self.keys, _inflated_state)
                 record = Snapshot(seq=record.seq, wall_time_s=record.wall_time_s,
                                   digest=record.digest, state=state)
         return record

@@ -242,12 +242,18 @@ class Rejected:
 class Snapshot:
     """The whole state before event ``seq`` (``snapshot.to_wire``, decoded
     into a state by ``snapshot.from_wire`` with the header's config), and its
-    ``codec.state_digest``."""
+    ``codec.state_digest``. A reader's ``state`` is a
+    ``logsnapshot.LazyState``, decoded when :meth:`wire` asks for it."""
 
     seq: int
     wall_time_s: float
     digest: str
-    state: tuple[Any, ...]
+    state: Any  # the wire tuple, or a LazyState of it
+
+    def wire(self) -> tuple[Any, ...]:
+        """The state's wire tuple; raises ``LogCorrupt`` when it does not decode."""
+        state = self.state
+        return state if type(state) is tuple else state.wire()
 
 
 @attrs.frozen(kw_only=True)
@@ -364,7 +370,7 @@ def encode_record(record: LogRecord, *, created_s: float) -> bytes:
     if isinstance(record, Rejected):
         return encode_rejected(record.seq, ms, record.event, record.reason)
     if isinstance(record, Snapshot):
-        return encode_snapshot(record.seq, ms, record.digest, record.state)
+        return encode_snapshot(record.seq, ms, record.digest, record.wire())
     if isinstance(record, Index):
         return encode_index(record.seq, ms, record.first_step, record.end_seq,
                             record.end_step, record.requests, record.key)

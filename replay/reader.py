@@ -18,7 +18,7 @@ import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import attrs
 
@@ -28,6 +28,7 @@ from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
 from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
 from offload_fsm.logpeek import body_at, payload_kind
+from offload_fsm.logsnapshot import LazyState
 
 
 @attrs.frozen(kw_only=True)
@@ -122,11 +123,12 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
 
 
 # The stored keys the snapshots before an offset leave ((file, size, mtime,
-# offset) -> keys): reading a file from a segment again (diff reads each side
-# twice, explain and seek re-enter files) skips decoding every earlier
-# snapshot, and reading it from a later segment (parallel verify's workers
-# take a file's segments in order) decodes only the snapshots in between.
-_KEYS_BEFORE: dict[tuple[str, int, int, int], tuple[Any, ...] | None] = {}
+# offset) -> the last snapshot's state, decoded when first used): reading a
+# file from a segment again (diff reads each side twice, explain and seek
+# re-enter files) skips decoding every earlier snapshot, and reading it from
+# a later segment (parallel verify's workers take a file's segments in order)
+# decodes only the snapshots in between.
+_KEYS_BEFORE: dict[tuple[str, int, int, int], LazyState | None] = {}
 _KEYS_BEFORE_MAX = 64
 
 

@@ -263,7 +263,7 @@ class _Fold:
         if self.config is None or result.header is None:
             return
         try:
-            state = snapshot.from_wire(record.state, self.config)
+            state = snapshot.from_wire(record.wire(), self.config)
         except LogCorrupt as error:
             result.lost.append(f"the snapshot before event {record.seq} does not decode: "
                                f"{error}")

@@ -327,3 +327,67 @@ def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path:
         reader.LogDecoder.decode = original  # type: ignore[method-assign]
     assert warm == cold
     assert decoded == len(starts) - 1  # each earlier snapshot decoded once, not again per read
+
+
+def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged() -> None:
+    import zlib
+
+    from offload_fsm import snapshot
+    from offload_fsm.logdecode import _inflated_state
+    from offload_fsm.logsnapshot import LazyState, compact_snapshot
+    from offload_fsm.state import new_state
+    from offload_fsm.testing.synthetic import default_config
+
+    state = new_state(default_config(), world_size=2)
+    base = 1 << 40
+    wires, raws, keys = [], [], None
+    for round_ in range(4):  # each snapshot's keys a delta against the one before
+        state.stored_keys.update(dict.fromkeys(range(base + 100 * round_,
+                                                     base + 100 * round_ + 100)))
+        wires.append(snapshot.to_wire(state))
+        compact, keys = compact_snapshot(wires[-1], keys)
+        raws.append(zlib.compress(msgpack.packb(compact)))
+    chain: list[LazyState] = []
+    for raw in raws:
+        chain.append(LazyState(raw, chain[-1] if chain else None, _inflated_state))
+    assert "lazy" in repr(chain[-1])
+    assert chain[-1].wire() == wires[-1]  # decodes the three before it first, oldest first
+    assert all(lazy == wire for lazy, wire in zip(chain, wires, strict=True))
+    assert chain[0] != chain[1] and chain[0] != "a string"
+
+    damaged: list[LazyState] = []
+    for index, raw in enumerate(raws):
+        raw = raw[:10] + b"\x00" * 8 + raw[18:] if index == 1 else raw
+        damaged.append(LazyState(raw, damaged[-1] if damaged else None, _inflated_state))
+    assert damaged[0].wire() == wires[0]
+    for _ in range(2):  # every time, and every snapshot keyed against the damaged one
+        with pytest.raises(LogCorrupt):
+            damaged[3].wire()
+        with pytest.raises(LogCorrupt):
+            damaged[1].keys()
+    assert "failed" in repr(damaged[1])
+
+
+def test_verify_folding_through_snapshots_never_decodes_their_states(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from offload_fsm import logdecode
+    from replay import seek
+
+    directory, _ = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,
+                                   concurrency=8, recorder_options={"snapshot_every": 150})
+    inflated = 0
+    original = logdecode._inflated_state
+
+    def counting(data: bytes) -> object:
+        nonlocal inflated
+        inflated += 1
+        return original(data)
+
+    monkeypatch.setattr(logdecode, "_inflated_state", counting)
+    result = replay(directory)
+    assert result.ok and result.snapshots_checked >= 4, result
+    assert inflated == 0  # each snapshot checked by its digest against the live state
+    later = [s for s in seek.segments(directory) if s.offset > 0][-1]
+    restored = seek.replay_from([later.path], later, None, lambda fold: False)
+    assert restored is not None and restored.ok and restored.snapshots_loaded == [later.seq]
+    assert inflated >= 2  # a restore decodes its snapshot and the ones its keys refer to
