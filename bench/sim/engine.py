@@ -328,7 +328,12 @@ class Sim:
         self.written: set[bytes] = set()
         self.useful: set[bytes] = set()
         # loss attribution
-        self.watch: dict[int, list[tuple[str, int, Any]]] = {}
+        # block id -> its watcher, "request id US start US snapshot hash hex", or a list of
+        # them once a second op watches the block. A tuple per watcher (one per offered
+        # block: 258k on the roomy agentic trace) was tracked by the cyclic GC and filled
+        # its young generation, so the collections it caused (5x eager's count) landed in
+        # the lazy arms' timed connector calls; strings are not tracked.
+        self.watch: dict[int, str | list[str]] = {}
         self.lost: dict[tuple[str, int], str] = {}
         self.finish_step: dict[str, int] = {}
         self.last_drain: tuple[int, dict[int, int], int, int, bool] = (-1, {}, 0, 0, True)
@@ -473,10 +478,17 @@ class Sim:
             orig_add(meta)
             t0 = time.perf_counter()
             self.view.offered += 1
-            blocks = pool.blocks
-            rid, start = meta.request_id, meta.op.start
+            blocks, watch = pool.blocks, self.watch
+            head = f"{meta.request_id}\x1f{meta.op.start}\x1f"
             for b in meta.op.flat_block_ids:
-                self.watch.setdefault(b, []).append((rid, start, blocks[b].block_hash))
+                watcher = head + blocks[b].block_hash.hex()
+                before = watch.get(b)
+                if before is None:
+                    watch[b] = watcher
+                elif type(before) is str:
+                    watch[b] = [before, watcher]
+                else:
+                    before.append(watcher)
             instr.total += time.perf_counter() - t0
 
         mgr.add_store_candidate = add_hook
@@ -592,8 +604,11 @@ class Sim:
         watchers = self.watch.pop(block_id, None)
         if not watchers or self.view.mgr is None:
             return
-        for rid, start, snap in watchers:
-            if snap != bh_group or (rid, start) in self.lost:
+        snap_now = bh_group.hex()
+        for watcher in [watchers] if type(watchers) is str else watchers:
+            rid, start_text, snap = watcher.split("\x1f")
+            start = int(start_text)
+            if snap != snap_now or (rid, start) in self.lost:
                 continue
             if not self.view.is_pending(rid, start):
                 continue
