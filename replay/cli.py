@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--workers", type=int, default=1,
                          help="replay the run's files on N processes (0: one per core); each "
                               "file starts from its own snapshot, the seams are checked")
+    command.add_argument("--snapshots", action="store_true",
+                         help="also rebuild every snapshot folding passes and check its digest "
+                              "(by default only the folded state's digest is compared with it)")
     command = log_command("explain", "the story of one request's store ops, or of one "
                                      "token step; starts from the nearest snapshot the "
                                      "log's index allows")
@@ -163,8 +166,10 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
 def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.workers < 0:
         raise UsageError("--workers must be >= 0")
-    result = (replay(args.log, prefix=args.prefix) if args.workers == 1 else
-              replay_parallel(args.log, prefix=args.prefix, workers=args.workers))
+    result = (replay(args.log, prefix=args.prefix, check_snapshots=args.snapshots)
+              if args.workers == 1 else
+              replay_parallel(args.log, prefix=args.prefix, workers=args.workers,
+                              check_snapshots=args.snapshots))
     divergence = result.divergence
     rejection = result.rejection
     code = EXIT_DIVERGED if divergence is not None or rejection is not None else (

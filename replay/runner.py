@@ -10,7 +10,8 @@ it keeps reading to the end so that every damage is reported.
 
 A SNAPSHOT record (every file but the first starts with one) carries the
 whole state before event ``seq``. While folding, its digest is checked like
-a DIGEST record. Where the state is unknown (the files before it are
+a DIGEST record and its state is not decoded (``check_snapshots``: it is,
+and must rebuild a state with that digest). Where the state is unknown (the files before it are
 missing, deleted by retention; a lost event or a damaged span before it),
 folding starts again from it: the state is rebuilt by
 :func:`offload_fsm.snapshot.from_wire` and must match the snapshot's own
@@ -32,6 +33,7 @@ of each INPUTS or REJECTED record are applied.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -142,13 +144,30 @@ def replay(
     prefix: str | None = None,
     observer: Observer | None = None,
     clock: Callable[[float], None] | None = None,
+    check_snapshots: bool = False,
 ) -> ReplayResult:
     """Fold the run at ``path``; see the module docstring."""
-    fold = _Fold(observer, clock)
+    fold = _Fold(observer, clock, check_snapshots=check_snapshots)
     for entry in read_log(path, prefix):
         fold.take(entry)
     fold.finish()
     return fold.result
+
+
+def _rebuilt(record: Snapshot, config: OffloadConfig, world_size: int) -> State | str:
+    """The state ``record`` holds, or why it does not give one with its digest."""
+    try:
+        state = snapshot.from_wire(record.wire(), config)
+    except LogCorrupt as error:
+        return f"the snapshot before event {record.seq} does not decode: {error}"
+    if state.world_size != world_size:
+        return (f"the snapshot before event {record.seq} has world size "
+                f"{state.world_size}, the header {world_size}")
+    got = state_digest(state)
+    if got != record.digest:
+        return (f"the snapshot before event {record.seq} rebuilds a state with digest "
+                f"{got}, recorded {record.digest}")
+    return state
 
 
 def _reason(error: Exception) -> str:
@@ -164,10 +183,12 @@ class _Fold:
     called while folding; :meth:`after_stop` sees the records after that."""
 
     def __init__(self, observer: Observer | None,
-                 clock: Callable[[float], None] | None = None) -> None:
+                 clock: Callable[[float], None] | None = None, *,
+                 check_snapshots: bool = False) -> None:
         self.result = ReplayResult()
         self.observer = observer
         self.clock = clock
+        self.check_snapshots = check_snapshots
         self.state: State | None = None
         self.config: OffloadConfig | None = None
         self.folding = True
@@ -256,26 +277,20 @@ class _Fold:
                 seq=record.seq, kind="digest", event=None, expected=record.digest, got=got,
                 detail=f"state digest before event {record.seq} differs from the snapshot's",
             ))
+        elif self.check_snapshots and self.config is not None:
+            rebuilt = _rebuilt(record, self.config, state.world_size)
+            if isinstance(rebuilt, str):
+                self.result.lost.append(rebuilt)
+
 
     def restore(self, record: Snapshot) -> None:
         """Start folding again at ``record`` (the state before it is unknown)."""
         result = self.result
         if self.config is None or result.header is None:
             return
-        try:
-            state = snapshot.from_wire(record.wire(), self.config)
-        except LogCorrupt as error:
-            result.lost.append(f"the snapshot before event {record.seq} does not decode: "
-                               f"{error}")
-            return
-        if state.world_size != result.header.world_size:
-            result.lost.append(f"the snapshot before event {record.seq} has world size "
-                               f"{state.world_size}, the header {result.header.world_size}")
-            return
-        got = state_digest(state)
-        if got != record.digest:
-            result.lost.append(f"the snapshot before event {record.seq} rebuilds a state with "
-                               f"digest {got}, recorded {record.digest}")
+        state = _rebuilt(record, self.config, result.header.world_size)
+        if isinstance(state, str):
+            result.lost.append(state)
             return
         self.state = result.state = state
         self.next_seq = record.seq
@@ -413,7 +428,7 @@ class _FilePart:
     end_digest: str
 
 
-def _replay_file(unit: tuple[str, int, int, str]) -> _FilePart:
+def _replay_file(unit: tuple[str, int, int, str], check_snapshots: bool = False) -> _FilePart:
     """One unit of a parallel verify: a file, or (schema 4) one of its
     segments, from byte ``offset`` (a snapshot) to event ``end_seq``
     (-1: the file's end); ``digest``: that snapshot's."""
@@ -421,11 +436,12 @@ def _replay_file(unit: tuple[str, int, int, str]) -> _FilePart:
 
     path, offset, end_seq, digest = unit
     if offset == 0 and end_seq < 0:
-        result = replay(path)
+        result = replay(path, check_snapshots=check_snapshots)
     else:
         segment = seek.Segment(path=Path(path), offset=offset, seq=-1)
         seeked = seek.replay_from([Path(path)], segment, None,
-                                  lambda fold: 0 <= end_seq <= fold.next_seq)
+                                  lambda fold: 0 <= end_seq <= fold.next_seq,
+                                  check_snapshots=check_snapshots)
         result = seeked if seeked is not None else ReplayResult(
             lost=[f"the snapshot at {path}@{offset} does not restore"])
     state = result.state
@@ -441,7 +457,7 @@ def _replay_file(unit: tuple[str, int, int, str]) -> _FilePart:
 
 
 def replay_parallel(path: str | os.PathLike[str], *, prefix: str | None = None,
-                    workers: int = 0) -> ReplayResult:
+                    workers: int = 0, check_snapshots: bool = False) -> ReplayResult:
     """:func:`replay`'s verdict on a run, its files replayed on ``workers``
     processes (0: one per core). Each file folds alone from its own snapshot
     (file 0 from its header); then at every seam the next file's first event
@@ -452,11 +468,12 @@ def replay_parallel(path: str | os.PathLike[str], *, prefix: str | None = None,
 
     files = _units(path, prefix)
     workers = workers or os.cpu_count() or 1
+    one_file = functools.partial(_replay_file, check_snapshots=check_snapshots)
     if workers == 1 or len(files) == 1:
-        parts = [_replay_file(file) for file in files]
+        parts = [one_file(file) for file in files]
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(files))) as pool:
-            parts = list(pool.map(_replay_file, files))
+            parts = list(pool.map(one_file, files))
     merged = ReplayResult()
     for index, part in enumerate(parts):
         result = part.result

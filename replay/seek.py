@@ -163,10 +163,11 @@ def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:
 
 
 def replay_from(run: list[Path], start: Segment, observer: Observer | None,
-                 until: Callable[[_Fold], bool]) -> ReplayResult | None:
+                 until: Callable[[_Fold], bool], *, check_snapshots: bool = False
+                 ) -> ReplayResult | None:
     """Fold from ``start`` until ``until(fold)`` holds after a record; None
-    when folding could not start there."""
-    fold = _Fold(observer)
+    when folding could not start there. ``check_snapshots``: as :func:`replay`'s."""
+    fold = _Fold(observer, check_snapshots=check_snapshots)
     files = run[run.index(start.path):]
     for number, file in enumerate(files):
         entries = read_file(file, start_offset=start.offset if number == 0 else 0)

@@ -174,3 +174,47 @@ def test_the_engine_index_names_the_files_and_is_reported(tmp_path: Path) -> Non
     out = io.StringIO()
     main(["verify", "--json", str(path)], out=out, err=io.StringIO())
     assert json.loads(out.getvalue())["engine_index"] == 3
+
+
+def _damage_first_snapshot(path: Path) -> None:
+    """Replace the state of ``path``'s first snapshot with bytes that do not
+    inflate, framed with a valid CRC (a writer bug, not a torn disk)."""
+    from offload_fsm.logformat import SNAPSHOT
+    from offload_fsm.logpeek import payload_kind
+
+    out, done = [], False
+    for item in scan(path.read_bytes()):
+        assert isinstance(item, Record)
+        payload = item.payload
+        if not done and payload_kind(payload) == SNAPSHOT:
+            fields = list(msgpack.unpackb(payload))
+            assert isinstance(fields[4], bytes)  # deflated
+            fields[4] = b"not a zlib stream"
+            payload, done = msgpack.packb(fields), True
+        out.append(frame(payload))
+    assert done
+    path.write_bytes(b"".join(out))
+
+
+def test_a_snapshot_that_does_not_decode_is_reported_where_it_is_used(tmp_path: Path) -> None:
+    from replay.cli import main
+    from replay.runner import replay_parallel
+
+    directory, world = record_workload(tmp_path, requests=60, seed=2,
+                                       recorder_options={"max_file_bytes": 4000})
+    files = sorted(directory.glob("*.lolog"))
+    assert len(files) >= 3
+    _damage_first_snapshot(files[1])
+    folded = replay(directory)  # folding passes it: its digest matches the folded state
+    assert folded.ok and folded.events_applied == len(world.applied)
+    checked = replay(directory, check_snapshots=True)
+    assert not checked.ok and checked.events_applied == len(world.applied)
+    assert [p for p in checked.lost if "does not decode" in p] == checked.lost
+    parallel = replay_parallel(directory, workers=1)  # each file from its own snapshot
+    assert any("does not decode" in problem for problem in parallel.lost)
+    (directory / files[0].name).unlink()  # the run now starts at the damaged snapshot
+    alone = replay(directory)
+    assert any("does not decode" in problem for problem in alone.lost)
+    assert alone.header is not None  # folding restarted at the next snapshot, a file on
+    assert alone.snapshots_loaded and alone.snapshots_loaded[0] > alone.header.seq
+    assert main(["verify", str(directory), "--snapshots"]) == 3
