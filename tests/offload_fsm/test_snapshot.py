@@ -44,6 +44,13 @@ def _check_identity(state: State) -> None:
                 assert ops_by_id[op.op_id] is op
 
 
+def _owners_shape(state: State) -> list[tuple[int, tuple[int, ...] | None, tuple[int, ...]]]:
+    """Each owners entry: its block, its dict's keys (None for a lone op), its ops' ids."""
+    return [(block_id, None if isinstance(entry, Op) else tuple(entry),
+             tuple(op.op_id for op in holders(entry)))
+            for block_id, entry in state.owners.items()]
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_round_trip_after_every_event_and_identical_continuation(policy: Policy,
@@ -59,6 +66,7 @@ def test_round_trip_after_every_event_and_identical_continuation(policy: Policy,
         copy = _round_trip(state)
         assert state_digest(copy) == state_digest(state), index
         assert copy.owner_hashes == state.owner_hashes, index  # derived, not on the wire
+        assert _owners_shape(copy) == _owners_shape(state), index  # holders in their order
         assert (copy.live_ops, copy.live_tokens) == (state.live_ops, state.live_tokens), index
         _check_identity(copy)
         if index in checkpoints:
@@ -123,7 +131,37 @@ def test_counters_added_later_start_at_zero_in_declaration_order() -> None:
     assert list(restored.counters) == list(state.counters)
 
 
-@pytest.mark.parametrize("damage", ["short", "format", "unknown_field", "bad_ref"])
+def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
+    from pathlib import Path
+
+    from offload_fsm.logformat import Header, Snapshot
+    from replay.reader import Entry, read_log
+    from replay.runner import config_of
+
+    # The v5 golden log (a real scheduler's, with shared prefixes) holds format 1 snapshots.
+    golden = Path(__file__).parents[1] / "data" / "logs" / "v5"
+    header, shared = None, 0
+    for entry in read_log(golden):
+        record = entry.record if isinstance(entry, Entry) else None
+        if isinstance(record, Header) and header is None:
+            header = record
+        if not isinstance(record, Snapshot) or header is None:
+            continue
+        assert record.wire()[0] == 1
+        old = snapshot.from_wire(record.wire(), config_of(header))
+        assert state_digest(old) == record.digest
+        wire = snapshot.to_wire(old)
+        assert wire[0] == snapshot.SNAPSHOT_FORMAT == 2
+        owners = wire[2][list(dict(wire[1])["State"]).index("owners")]
+        assert len(owners) == 4  # blocks, counts, keys, refs: flat ints, no tuple per block
+        assert all(type(value) is int for column in owners for value in column)
+        assert _owners_shape(_round_trip(old)) == _owners_shape(old)
+        shared += sum(not isinstance(entry, Op) for entry in old.owners.values())
+    assert shared  # blocks held by several ops (dict entries) went through both forms
+
+
+@pytest.mark.parametrize("damage", ["short", "format", "unknown_field", "bad_ref",
+                                    "owners"])
 def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
     world = run_workload(requests=6, seed=2, pool_blocks=24, concurrency=3, max_chunks=3)
     state = new_state(world.state.config, world_size=2)
@@ -139,6 +177,12 @@ def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
         names = dict(wire[1])
         names["Op"] = (*names["Op"], "from_the_future")
         wire[1] = tuple(names.items())
+    elif damage == "owners":
+        at = list(dict(wire[1])["State"]).index("owners")
+        body = list(wire[2])
+        blocks, counts, keys, refs = body[at]
+        body[at] = (blocks, counts, keys, refs[:-1])  # one holder short
+        wire[2] = tuple(body)
     else:
         wire[3] = ()  # requests table gone, references dangle
     with pytest.raises(LogCorrupt):
