@@ -40,14 +40,8 @@ Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
 ``names`` is ``((class name, (field, ...)), ...)`` and each table is a
 tuple of positional records.
 
-One field has a codec of its own: ``State.owners`` (block id -> its op, or
-a dict of its ops by id), the biggest part of a busy state, travels as four
-flat tuples of ints (format 2, :func:`_encode_owners`) instead of a pair and
-a tagged alternative per block: 165k tuples for the 1,353 buffered ops of
-the roomy agentic trace, which the writer thread built for each periodic
-snapshot and which set off a run of the cyclic GC's collections (a full one
-among them) on a heap vLLM's scheduler thread shares. Format 1 snapshots
-(the generic form) still decode.
+``State.owners`` has a codec of its own (format 2, ``snaptables``): four
+flat tuples of ints instead of tuples per block. Format 1 snapshots decode.
 """
 
 from __future__ import annotations
@@ -63,6 +57,7 @@ import attrs
 
 from offload_fsm.config import OffloadConfig
 from offload_fsm.errors import LogCorrupt
+from offload_fsm.snaptables import Decoding, Encoding, encode_owners, owners_decoder, ref, refs
 from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, StepContext, rederive
 
 __all__ = ["SNAPSHOT_FORMAT", "from_wire", "to_wire"]
@@ -76,49 +71,8 @@ _SHARED: Final[tuple[type[Any], ...]] = (RequestState, Op, Batch)
 _INLINE: Final[tuple[type[Any], ...]] = (StepContext,)
 _SKIPPED: Final = {State: frozenset({"config"}) | DERIVED}
 
-Encode = Callable[[Any, "_Encoding"], Any]
-Decode = Callable[[Any, "_Decoding"], Any]
-
-
-class _Encoding:
-    """One walk: the tables of shared objects met so far."""
-
-    __slots__ = ("index", "tables")
-
-    def __init__(self) -> None:
-        self.index: dict[int, int] = {}  # id(obj) -> its index in its class's table
-        self.tables: dict[type[Any], list[Any]] = {cls: [] for cls in _SHARED}
-
-    def ref(self, obj: Any) -> int:
-        found = self.index.get(id(obj))
-        if found is not None:
-            return found
-        table = self.tables[type(obj)]
-        self.index[id(obj)] = index = len(table)
-        table.append(obj)
-        return index
-
-
-def _ref(value: Any, encoding: _Encoding) -> int:
-    found = encoding.index.get(id(value))
-    return found if found is not None else encoding.ref(value)
-
-
-def _refs(values: Any, encoding: _Encoding) -> tuple[int, ...]:
-    get, ref = encoding.index.get, encoding.ref
-    out = []
-    for value in values:
-        found = get(id(value))
-        out.append(found if found is not None else ref(value))
-    return tuple(out)
-
-
-class _Decoding:
-    __slots__ = ("tables", "version")
-
-    def __init__(self, tables: dict[type[Any], list[Any]], version: int) -> None:
-        self.tables = tables
-        self.version = version
+Encode = Callable[[Any, Encoding], Any]
+Decode = Callable[[Any, Decoding], Any]
 
 
 def _identity(value: Any, _: Any) -> Any:
@@ -140,7 +94,7 @@ def _codec(tp: Any, where: str) -> tuple[Encode | None, Decode | None]:
         return (lambda v, _: v.value), (lambda v, _: enum_type(v))
     if tp in _SHARED:
         shared = tp
-        return _ref, (lambda v, dec: dec.tables[shared][v])
+        return ref, (lambda v, dec: dec.tables[shared][v])
     if tp in _INLINE:
         record = _record(tp)
         return record.encode, record.decode
@@ -163,9 +117,9 @@ def _codec(tp: Any, where: str) -> tuple[Encode | None, Decode | None]:
                 (lambda v, c: tuple(d(x, c) for d, x in zip(decs, v, strict=True))))
     if origin is list:
         enc, dec = _codec(args[0], where)
-        if enc is _ref and dec is not None:
+        if enc is ref and dec is not None:
             item_dec = dec
-            return _refs, (lambda v, c: [item_dec(x, c) for x in v])
+            return refs, (lambda v, c: [item_dec(x, c) for x in v])
         return _sequence(enc or _identity, dec or _identity, list)
     if origin is set:
         enc, dec = _codec(args[0], where)
@@ -205,7 +159,7 @@ def _union(args: tuple[Any, ...], where: str) -> tuple[Encode | None, Decode | N
 
     first, first_enc = runtime[0], encs[0]
 
-    def encode(value: Any, c: _Encoding) -> Any:
+    def encode(value: Any, c: Encoding) -> Any:
         if type(value) is first:
             return (0, first_enc(value, c))
         if value is None:
@@ -215,7 +169,7 @@ def _union(args: tuple[Any, ...], where: str) -> tuple[Encode | None, Decode | N
                 return (index, encs[index](value, c))
         raise TypeError(f"snapshot: {where}: value {value!r} matches no alternative")
 
-    def decode(value: Any, c: _Decoding) -> Any:
+    def decode(value: Any, c: Decoding) -> Any:
         if value is None:
             return None
         index, item = value
@@ -262,9 +216,9 @@ class _Record:
         self.dict_fields = frozenset(
             f.name for f in fields if typing.get_origin(f.type) is dict
         )
-        self._plans: dict[tuple[str, ...], Callable[[Any, Any, _Decoding], None]] = {}
+        self._plans: dict[tuple[str, ...], Callable[[Any, Any, Decoding], None]] = {}
 
-    def encode(self, obj: Any, encoding: _Encoding) -> tuple[Any, ...]:
+    def encode(self, obj: Any, encoding: Encoding) -> tuple[Any, ...]:
         values = self.getter(obj)
         if len(self.names) == 1:
             values = (values,)
@@ -275,12 +229,12 @@ class _Record:
             listed[index] = enc(listed[index], encoding)
         return tuple(listed)
 
-    def decode(self, data: Any, decoding: _Decoding) -> Any:
+    def decode(self, data: Any, decoding: Decoding) -> Any:
         obj = object.__new__(self.cls)
         self.fill(obj, data, self.names, decoding)
         return obj
 
-    def fill(self, obj: Any, data: Any, names: tuple[str, ...], decoding: _Decoding) -> None:
+    def fill(self, obj: Any, data: Any, names: tuple[str, ...], decoding: Decoding) -> None:
         """Set ``obj``'s fields from ``data`` recorded under field ``names``."""
         plan = self.plan(names)
         if len(data) != len(names):
@@ -288,14 +242,14 @@ class _Record:
                              f"values, expected {len(names)}")
         plan(obj, data, decoding)
 
-    def plan(self, names: tuple[str, ...]) -> Callable[[Any, Any, _Decoding], None]:
+    def plan(self, names: tuple[str, ...]) -> Callable[[Any, Any, Decoding], None]:
         """The filler for records written under field ``names`` (cached)."""
         plan = self._plans.get(names)
         if plan is None:
             plan = self._plans[names] = self._make_plan(names)
         return plan
 
-    def _make_plan(self, names: tuple[str, ...]) -> Callable[[Any, Any, _Decoding], None]:
+    def _make_plan(self, names: tuple[str, ...]) -> Callable[[Any, Any, Decoding], None]:
         unknown = [name for name in names if name not in self.fields]
         if unknown:
             raise LogCorrupt(f"snapshot: {self.cls.__name__} has no field(s) {unknown}")
@@ -317,7 +271,7 @@ class _Record:
                     factory = None  # nothing to merge into
             steps.append((name, self.decoders.get(name), factory))
 
-        def plan(obj: Any, data: Any, decoding: _Decoding) -> None:
+        def plan(obj: Any, data: Any, decoding: Decoding) -> None:
             for (name, dec, factory), value in zip(steps, data):  # noqa: B905 (checked)
                 if dec is not None:
                     value = dec(value, decoding)
@@ -334,56 +288,6 @@ class _Record:
         return plan
 
 
-def _encode_owners(owners: dict[int, Op | dict[int, Op]], encoding: _Encoding
-                   ) -> tuple[tuple[int, ...], ...]:
-    """``(blocks, counts, keys, refs)``: the block ids in order; for each, 0
-    (one op) or how many ops its dict holds; then, in order, each op's key
-    (its dict key, or its id) and its index in the op table."""
-    counts: list[int] = []
-    keys: list[int] = []
-    refs: list[int] = []
-    get, ref = encoding.index.get, encoding.ref
-    for entry in owners.values():
-        if isinstance(entry, Op):
-            counts.append(0)
-            keys.append(entry.op_id)
-            found = get(id(entry))
-            refs.append(found if found is not None else ref(entry))
-            continue
-        counts.append(len(entry))
-        for key, op in entry.items():
-            keys.append(key)
-            found = get(id(op))
-            refs.append(found if found is not None else ref(op))
-    return tuple(owners), tuple(counts), tuple(keys), tuple(refs)
-
-
-def _owners_codec() -> tuple[Encode, Decode]:
-    _, generic = _codec(attrs.fields(attrs.resolve_types(State)).owners.type, "State.owners")
-    assert generic is not None
-
-    def decode(value: Any, decoding: _Decoding) -> dict[int, Op | dict[int, Op]]:
-        if decoding.version == 1:
-            return generic(value, decoding)  # type: ignore[no-any-return]
-        blocks, counts, keys, refs = value
-        ops = decoding.tables[Op]
-        owners: dict[int, Op | dict[int, Op]] = {}
-        at = 0
-        for block_id, count in zip(blocks, counts, strict=True):
-            if count == 0:
-                owners[block_id] = ops[refs[at]]
-                at += 1
-                continue
-            owners[block_id] = {keys[i]: ops[refs[i]] for i in range(at, at + count)}
-            at += count
-        if at != len(refs) or len(keys) != len(refs):
-            raise LogCorrupt(f"snapshot: State.owners names {at} holders, its keys "
-                             f"{len(keys)} and its refs {len(refs)}")
-        return owners
-
-    return _encode_owners, decode
-
-
 _RECORDS: dict[type[Any], _Record] = {}
 
 
@@ -394,7 +298,10 @@ def _record(cls: type[Any]) -> _Record:
     return record
 
 
-_OWN_CODECS: Final[dict[str, tuple[Encode, Decode]]] = {"State.owners": _owners_codec()}
+_OWN_CODECS: Final[dict[str, tuple[Encode, Decode]]] = {"State.owners": (
+    encode_owners,
+    owners_decoder(_codec(attrs.fields(attrs.resolve_types(State)).owners.type, "owners")[1]),
+)}
 _TOP: Final[tuple[type[Any], ...]] = (State, *_SHARED)
 for _cls in (*_TOP, *_INLINE):
     _record(_cls)  # every field type is checked here, at import
@@ -408,7 +315,7 @@ def to_wire(state: State) -> tuple[Any, ...]:
 
     Fresh tuples throughout: the result shares nothing mutable with ``state``,
     so another thread may pack it while the state moves on."""
-    encoding = _Encoding()
+    encoding = Encoding(_SHARED)
     body = _RECORDS[State].encode(state, encoding)
     tables = encoding.tables
     encoded: dict[type[Any], list[tuple[Any, ...]]] = {cls: [] for cls in _SHARED}
@@ -448,7 +355,7 @@ def _from_wire(data: Any, config: OffloadConfig) -> State:
         _RECORDS[cls].plan(recorded[cls.__name__])  # refuses unknown fields up front
     tables = {cls: [object.__new__(cls) for _ in table] for cls, table in
               zip(_SHARED, rows, strict=True)}
-    decoding = _Decoding(tables, version)
+    decoding = Decoding(tables, version)
     for cls, table in zip(_SHARED, rows, strict=True):
         record = _RECORDS[cls]
         fields = recorded[cls.__name__]
