@@ -199,7 +199,7 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
                             event=_event(event), reason=reason)
         if kind == SNAPSHOT:
             digest, state = item[3:]
-            if isinstance(state, bytes) and context is None:  # schema 4 on: inflated lazily
+            if isinstance(state, bytes) and context is None:  # before schema 4; later: lazily
                 state = _inflated_state(state)
             if not isinstance(digest, str) or not isinstance(state, tuple | bytes):
                 raise LogCorrupt("SNAPSHOT record without a digest and a state")
