@@ -50,7 +50,7 @@ from offload_fsm.logformat import (
     Rejected,
     Snapshot,
 )
-from offload_fsm.logsnapshot import LazyState
+from offload_fsm.logsnapshot import KeysOf, LazyState
 
 __all__ = ["LogDecoder", "decode_record"]
 
@@ -252,7 +252,7 @@ class LogDecoder:
         self.header: Header | None = None
         self.context = WireContext()
         self.inflater = Inflater()
-        self.keys: LazyState | None = None  # the file's last snapshot's state (its stored keys)
+        self.keys: LazyState | KeysOf | None = None  # the file's last snapshot's (stored keys)
 
     def lose(self) -> None:
         """Records were lost (damage): the segment's references are broken."""

@@ -29,7 +29,7 @@ from typing import Any, Final
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.logcompact import Lists, refer, resolve, runs, unruns
 
-__all__ = ["LazyState", "compact_snapshot", "expand_snapshot", "op_columns"]
+__all__ = ["KeysOf", "LazyState", "compact_snapshot", "expand_snapshot", "op_columns"]
 
 _KEYS_FIELD: Final = "stored_keys"  # the one big, slowly moving part of a snapshot
 
@@ -149,7 +149,7 @@ class LazyState:
     __slots__ = ("_raw", "_previous", "_inflate", "_wire", "_keys", "_error")
 
     def __init__(self, raw: bytes | tuple[Any, ...],
-                 previous: LazyState | tuple[Any, ...] | None,
+                 previous: LazyState | KeysOf | tuple[Any, ...] | None,
                  inflate: Callable[[bytes], Any]) -> None:
         self._raw: bytes | tuple[Any, ...] | None = raw
         self._previous = previous
@@ -183,7 +183,7 @@ class LazyState:
             raise LogCorrupt(self._error)
         previous = self._previous
         try:
-            if isinstance(previous, LazyState):
+            if isinstance(previous, LazyState | KeysOf):
                 previous = previous.keys()
             raw = self._raw
             data = self._inflate(raw) if isinstance(raw, bytes) else raw
@@ -203,3 +203,21 @@ class LazyState:
     def __repr__(self) -> str:
         state = "decoded" if self._wire is not None else "failed" if self._error else "lazy"
         return f"<LazyState {state}>"
+
+
+class KeysOf:
+    """The stored keys of ``state`` (what a later snapshot of its file is keyed
+    against), holding the state only until they are read: a cache of many
+    keeps keys, not whole states."""
+
+    __slots__ = ("_state", "_keys")
+
+    def __init__(self, state: LazyState) -> None:
+        self._state: LazyState | None = state
+        self._keys: tuple[Any, ...] = ()
+
+    def keys(self) -> tuple[Any, ...]:
+        if self._state is not None:
+            self._keys = self._state.keys()  # raises LogCorrupt, and again next time
+            self._state = None
+        return self._keys

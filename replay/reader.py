@@ -28,7 +28,7 @@ from offload_fsm.logdecode import LogDecoder
 from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
 from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
 from offload_fsm.logpeek import body_at, payload_kind
-from offload_fsm.logsnapshot import LazyState
+from offload_fsm.logsnapshot import KeysOf, LazyState
 
 
 @attrs.frozen(kw_only=True)
@@ -123,12 +123,12 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
 
 
 # The stored keys the snapshots before an offset leave ((file, size, mtime,
-# offset) -> the last snapshot's state, decoded when first used): reading a
+# offset) -> the last snapshot's keys, decoded when first used): reading a
 # file from a segment again (diff reads each side twice, explain and seek
 # re-enter files) skips decoding every earlier snapshot, and reading it from
 # a later segment (parallel verify's workers take a file's segments in order)
 # decodes only the snapshots in between.
-_KEYS_BEFORE: dict[tuple[str, int, int, int], LazyState | None] = {}
+_KEYS_BEFORE: dict[tuple[str, int, int, int], KeysOf | None] = {}
 _KEYS_BEFORE_MAX = 64
 
 
@@ -164,7 +164,9 @@ def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
                     decoder.decode(item.payload)
         if len(_KEYS_BEFORE) >= _KEYS_BEFORE_MAX:
             _KEYS_BEFORE.pop(next(iter(_KEYS_BEFORE)))
-        _KEYS_BEFORE[(*file_id, start_offset)] = decoder.keys
+        keys = decoder.keys
+        _KEYS_BEFORE[(*file_id, start_offset)] = decoder.keys = (
+            KeysOf(keys) if isinstance(keys, LazyState) else keys)
     stream.seek(start_offset)
     for item in scan_stream(stream):
         if isinstance(item, Record):

@@ -327,6 +327,8 @@ def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path:
         reader.LogDecoder.decode = original  # type: ignore[method-assign]
     assert warm == cold
     assert decoded == len(starts) - 1  # each earlier snapshot decoded once, not again per read
+    # Once read, a cached entry keeps the keys, not the whole state it came from.
+    assert all(keys is None or keys._state is None for keys in reader._KEYS_BEFORE.values())
 
 
 def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged() -> None:
@@ -334,7 +336,7 @@ def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged(
 
     from offload_fsm import snapshot
     from offload_fsm.logdecode import _inflated_state
-    from offload_fsm.logsnapshot import LazyState, compact_snapshot
+    from offload_fsm.logsnapshot import KeysOf, LazyState, compact_snapshot
     from offload_fsm.state import new_state
     from offload_fsm.testing.synthetic import default_config
 
@@ -366,6 +368,12 @@ def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged(
         with pytest.raises(LogCorrupt):
             damaged[1].keys()
     assert "failed" in repr(damaged[1])
+    held = KeysOf(damaged[2])
+    for _ in range(2):  # a cache entry over a damaged state refuses every time too
+        with pytest.raises(LogCorrupt):
+            held.keys()
+    kept = KeysOf(chain[2])
+    assert kept.keys() == chain[2].keys() and kept._state is None  # then holds keys alone
 
 
 def test_verify_folding_through_snapshots_never_decodes_their_states(
