@@ -300,7 +300,8 @@ def _record(cls: type[Any]) -> _Record:
 
 _OWN_CODECS: Final[dict[str, tuple[Encode, Decode]]] = {"State.owners": (
     encode_owners,
-    owners_decoder(_codec(attrs.fields(attrs.resolve_types(State)).owners.type, "owners")[1]),
+    owners_decoder(_codec(attrs.fields(attrs.resolve_types(State)).owners.type,
+                          "State.owners")[1]),
 )}
 _TOP: Final[tuple[type[Any], ...]] = (State, *_SHARED)
 for _cls in (*_TOP, *_INLINE):
