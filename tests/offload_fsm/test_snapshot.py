@@ -161,7 +161,7 @@ def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
 
 
 @pytest.mark.parametrize("damage", ["short", "format", "unknown_field", "bad_ref",
-                                    "owners"])
+                                    "owners", "owners_extra"])
 def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
     world = run_workload(requests=6, seed=2, pool_blocks=24, concurrency=3, max_chunks=3)
     state = new_state(world.state.config, world_size=2)
@@ -182,6 +182,12 @@ def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
         body = list(wire[2])
         blocks, counts, keys, refs = body[at]
         body[at] = (blocks, counts, keys, refs[:-1])  # one holder short
+        wire[2] = tuple(body)
+    elif damage == "owners_extra":
+        at = list(dict(wire[1])["State"]).index("owners")
+        body = list(wire[2])
+        blocks, counts, keys, refs = body[at]
+        body[at] = (blocks, counts, (*keys, keys[0]), (*refs, refs[0]))  # a holder of no block
         wire[2] = tuple(body)
     else:
         wire[3] = ()  # requests table gone, references dangle
