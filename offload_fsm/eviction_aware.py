@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import filterfalse
+from itertools import compress, filterfalse
 
 from offload_fsm import blockindex, dedup, split
 from offload_fsm.buffer import pop_overdue
@@ -87,7 +87,7 @@ def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
         window_seen=set(window),
     )
     state.context = ctx
-    owned = [(rank, b) for rank, b in enumerate(window) if b in owners]
+    owned = list(compress(enumerate(window), map(owners.__contains__, window)))
     plan = plan_eviction_aware(
         state, ctx, owned, reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue
     )
@@ -113,7 +113,7 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
     fresh = set(filterfalse(ctx.window_seen.__contains__, window))
     ctx.window_seen.update(fresh)
     owned = state.owners.keys() & fresh
-    ranked = [(rank, b) for rank, b in enumerate(window) if b in owned] if owned else []
+    ranked = list(compress(enumerate(window), map(owned.__contains__, window))) if owned else []
     plan = plan_eviction_aware(
         state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
     )

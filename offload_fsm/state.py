@@ -116,12 +116,13 @@ class RequestState:
 
 
 class Holders(dict[int, Op]):
-    """A ``State.owners`` entry that the blocks of one chunk share (``blocks``,
-    in op order, and their snapshot ``hashes``, as ``owner_hashes`` holds
-    them): every op holding one of them holds them all, so an op joining or
-    leaving the chunk is one dict update, not one per block. A plain dict is
-    an entry of one block (snapshots restore those; an entry whose blocks
-    part ways is split into them, ``blockindex``)."""
+    """A ``State.owners`` entry that the blocks of a run of whole chunks share
+    (``blocks``, in op order, and their snapshot ``hashes``, as
+    ``owner_hashes`` holds them): every op holding one of them holds them
+    all, so an op joining or leaving the run is one dict update, not one per
+    block. A plain dict is an entry of one block (snapshots restore those; an
+    entry whose blocks part ways inside a chunk is split into them, one cut
+    at a chunk boundary into two runs, ``blockindex``)."""
 
     __slots__ = ("blocks", "hashes")
 

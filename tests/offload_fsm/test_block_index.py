@@ -1,8 +1,9 @@
 """EVICTION_AWARE's block index shares one holders entry among the blocks of
-a chunk (``state.Holders``): ops joining and leaving it in one update, and
+a run of whole chunks (``state.Holders``): ops joining and leaving it in one
+update, the run cut at a chunk boundary where an op joins part of it, and
 the entry split back into one per block wherever the blocks' holders part
-ways (a reallocated block, an op over part of the chunk, an op that holds
-the chunk's blocks out of order). Every feed checks every invariant, the
+ways inside a chunk (a reallocated block, an op over part of a chunk, an op
+that holds the chunk's blocks out of order). Every feed checks every invariant, the
 shared entries' included; each test also states the holders it expects."""
 
 from __future__ import annotations
@@ -98,3 +99,32 @@ def test_a_snapshot_restores_shared_entries_as_one_per_block() -> None:
     assert not any(type(restored.owners[b]) is Holders for b in chunk)
     assert {b: sorted(restored.owners[b]) for b in chunk} == {  # type: ignore[arg-type]
         b: sorted(h.state.owners[b]) for b in chunk}  # type: ignore[arg-type]
+
+
+def test_ops_sharing_a_run_of_chunks_share_one_entry_cut_where_they_part() -> None:
+    h = Harness(ea())
+    h.arrive("a", "b", "c", "d")
+    run = h.new_blocks(12)  # three chunks
+    _offer(h, "a", run)
+    _offer(h, "b", run)
+    shared = h.state.owners[run[0]]
+    assert type(shared) is Holders and shared.blocks == run
+    assert all(h.state.owners[b] is shared for b in run)  # one entry, not one per chunk
+    _offer(h, "c", run[:4])  # the first chunk only: the entry is cut after it
+    _offer(h, "d", run[8:])  # from the third chunk on: cut again, where d starts
+    entries = [h.state.owners[b] for b in (run[0], run[4], run[8])]
+    assert [e.blocks for e in entries] == [run[:4], run[4:8], run[8:]]  # type: ignore[union-attr]
+    assert all(type(e) is Holders and all(h.state.owners[b] is e for b in e.blocks)
+               for e in entries)
+    order = [[op.req.req_id for op in holders(e)] for e in entries]
+    assert order == [["a", "b", "c"], ["a", "b"], ["a", "b", "d"]]  # joining order kept
+    h.feed(RequestPreempted(req_id="a"))
+    assert _holders(h, *run) == {**dict.fromkeys(run[:4], ["b", "c"]),
+                                 **dict.fromkeys(run[4:8], ["b"]),
+                                 **dict.fromkeys(run[8:], ["b", "d"])}
+    assert type(h.state.owners[run[4]]) is not Holders  # one holder left: the op itself
+    h.feed(RequestPreempted(req_id="b"))
+    _offer(h, "b", run)  # b again: it rejoins c's and d's entries, and holds the middle
+    assert _holders(h, *run) == {**dict.fromkeys(run[:4], ["b", "c"]),
+                                 **dict.fromkeys(run[4:8], ["b"]),
+                                 **dict.fromkeys(run[8:], ["b", "d"])}
