@@ -23,7 +23,7 @@ from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
 from replay.reader import UsageError
-from replay.runner import ReplayResult, config_of, replay, replay_parallel
+from replay.runner import ReplayResult, config_of, replay, replay_parallel, spaced_collections
 
 EXIT_OK = 0
 EXIT_DIVERGED = 1
@@ -365,7 +365,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     except SystemExit as exit_:
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     try:
-        return int(_COMMANDS[args.command](args, out, err))
+        with spaced_collections():
+            return int(_COMMANDS[args.command](args, out, err))
     except UsageError as error:
         print(f"error: {error}", file=err)
         return EXIT_USAGE

@@ -218,3 +218,32 @@ def test_a_snapshot_that_does_not_decode_is_reported_where_it_is_used(tmp_path: 
     assert alone.header is not None  # folding restarted at the next snapshot, a file on
     assert alone.snapshots_loaded and alone.snapshots_loaded[0] > alone.header.seq
     assert main(["verify", str(directory), "--snapshots"]) == 3
+
+
+def test_replay_commands_run_with_young_collections_spaced_and_restore_them(
+        mixed_log: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    import pytest
+
+    from replay import cli, runner
+
+    seen: list[int] = []
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), runner.spaced_collections():
+        seen.append(gc.get_threshold()[0])
+        raise RuntimeError
+    assert gc.get_threshold() == before and seen == [runner.YOUNG_COLLECTION_ALLOCATIONS]
+
+    def command(*_args: object) -> int:
+        seen.append(gc.get_threshold()[0])
+        return 0
+
+    monkeypatch.setitem(cli._COMMANDS, "verify", command)
+    assert cli.main(["verify", str(mixed_log)]) == 0
+    unit = runner._replay_unit
+    monkeypatch.setattr(runner, "_replay_unit",
+                        lambda *args: (command(), unit(*args))[1])
+    part = runner._replay_file((str(mixed_log / "run-000000.lolog"), 0, -1, ""))
+    assert part.result.ok and gc.get_threshold() == before
+    assert seen[1:] == [runner.YOUNG_COLLECTION_ALLOCATIONS] * 2
