@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 from operator import is_not
 from typing import Any, Final
 
@@ -232,6 +232,15 @@ def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
     if True not in refs:  # nothing referred to (a hash equal to 1 only takes the long way)
         table.update(zip(ids, refs, strict=True))
         return refs
+    # A prefix-cache hit's shape: the shared blocks referred to, then its own
+    # sent; looked up before the sent ones are learnt, as one by one would.
+    first = next(compress(count(), map(is_not, refs, repeat(True))), len(refs))
+    if len(ids) == len(refs) and True not in refs[first:]:
+        with contextlib.suppress(KeyError):
+            looked = tuple(map(table.__getitem__, ids[:first]))
+            sent = refs[first:]
+            table.update(zip(ids[first:], sent, strict=True))
+            return looked + sent
     if len(ids) == len(refs) == len(set(ids)):  # each block once: learn, then look up, in C
         table.update(compress(zip(ids, refs, strict=False), map(is_not, refs, repeat(True))))
         with contextlib.suppress(KeyError):

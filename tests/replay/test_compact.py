@@ -12,11 +12,13 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.framing import Record, scan
 from offload_fsm.logbatch import Deflater, Inflater
-from offload_fsm.logcompact import WireContext
+from offload_fsm.logcompact import WireContext, refer, resolve
 from offload_fsm.logformat import BATCH, INDEX, SNAPSHOT
 from offload_fsm.logpeek import payload_kind
 from replay.reader import read_file
@@ -399,3 +401,29 @@ def test_verify_folding_through_snapshots_never_decodes_their_states(
     restored = seek.replay_from([later.path], later, None, lambda fold: False)
     assert restored is not None and restored.ok and restored.snapshots_loaded == [later.seq]
     assert inflated >= 2  # a restore decodes its snapshot and the ones its keys refer to
+
+
+_BLOCK = st.integers(0, 7)
+_HASH = st.one_of(st.none(), st.integers(0, 3))
+
+
+def test_hash_references_resolve_to_what_was_sent_one_by_one() -> None:
+    """``refer`` then ``resolve`` of an offer gives back its hashes and leaves
+    both tables alike, whatever its shape: blocks listed twice, a hash of 1
+    (equal to ``True``), None, referred blocks before, after or among sent ones."""
+    @settings(max_examples=400, deadline=None)
+    @given(table=st.dictionaries(_BLOCK, _HASH),
+           offer=st.lists(st.tuples(_BLOCK, _HASH), max_size=12))
+    def round_trip(table: dict[int, int | None], offer: list[tuple[int, int | None]]) -> None:
+        ids = tuple(block for block, _ in offer)
+        hashes = tuple(value for _, value in offer)
+        written, read = dict(table), dict(table)
+        refs = refer(ids, hashes, written)
+
+        def known(block_id: int) -> object:
+            return read[block_id]
+
+        assert resolve(ids, refs, read, known) == hashes
+        assert read == written
+
+    round_trip()
