@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--receipt-delay-steps", type=int, default=1)
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--store-failure-rate", type=float, default=0.0)
+    ap.add_argument("--model-ms", type=float, default=0.0,
+                    help="the model's forward per step, spent asleep between schedule() and "
+                    "update_from_output() as vLLM's engine-core thread waits for its "
+                    "executor (default 0: steps back to back)")
     ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     ap.add_argument("--configs", default="", help="comma-separated config indexes (default: all)")
     ap.add_argument("--json", default="", help="write raw results to this file")
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [configs[int(i)] for i in a.configs.split(",")]
     print(f"# bench.simulate seed={a.seed} scale={a.scale} receipt_delay_steps="
           f"{a.receipt_delay_steps} world_size={a.world_size} store_failure_rate="
-          f"{a.store_failure_rate} event_log_dir={log_dir}")
+          f"{a.store_failure_rate} model_ms={a.model_ms:g} event_log_dir={log_dir}")
     print("# arms: " + "; ".join(f"{x.name}={dict(x.extra)}" for x in all_arms))
     dump = []
     t_all = time.time()
@@ -212,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         sp = SimParams(num_gpu_blocks=blocks, max_num_seqs=seqs,
                        max_num_batched_tokens=batched,
                        receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
-                       store_failure_rate=a.store_failure_rate, seed=a.seed)
+                       store_failure_rate=a.store_failure_rate, seed=a.seed,
+                       model_ms=a.model_ms)
         print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
               f"(block 32 tokens) max_num_seqs={seqs} max_num_batched_tokens="
               f"{sp.max_num_batched_tokens} chunk=256")

@@ -99,6 +99,9 @@ class SimParams:
     rank_failure_rate: tuple[float, ...] = ()
     max_steps: int = 200000
     seed: int = 0
+    # The model's forward per step, spent asleep as vLLM's engine-core thread
+    # waits for its executor (the GIL free; no connector code runs then).
+    model_ms: float = 0.0
 
 
 class Instr:
@@ -706,17 +709,19 @@ class Sim:
         t0 = time.perf_counter()
         so = self.scheduler.schedule()
         t1 = time.perf_counter()
+        i1 = self.instr.total
         res.max_running = max(res.max_running, len(self.scheduler.running))
         if so.preempted_req_ids:
             res.preemptions += len(so.preempted_req_ids)
-        ti = time.perf_counter()
         mro = self._model_output(so, self._worker_output(so, step))
         res.computed_tokens += so.total_num_scheduled_tokens
-        self.instr.total += time.perf_counter() - ti
+        if self.p.model_ms:  # between the two timed calls: in no timer
+            time.sleep(self.p.model_ms / 1e3)
+        i2 = self.instr.total
         t2 = time.perf_counter()
         self.scheduler.update_from_output(so, mro)
         t3 = time.perf_counter()
-        instr_dt = self.instr.total - i0
+        instr_dt = (i1 - i0) + (self.instr.total - i2)  # only what the two timers include
         res.sched_ms.append(((t1 - t0) + (t3 - t2) - instr_dt) * 1e3)
         res.conn_ms.append(self.conn_acc * 1e3)
         if so.total_num_scheduled_tokens:
