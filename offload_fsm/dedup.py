@@ -58,8 +58,7 @@ from offload_fsm.state import STORED_KEYS_MAX, Op, RequestState, State
 
 
 def already_stored(state: State, op: Op) -> bool:
-    stored = state.stored_keys
-    return all(key in stored for key in op.chunk_keys)
+    return all(map(state.stored_keys.__contains__, op.chunk_keys))
 
 
 def chunk_blocks(op: Op) -> Iterator[tuple[int, tuple[int, ...]]]:
