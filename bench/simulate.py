@@ -4,6 +4,8 @@
     python -m bench.simulate --scale full      # the issue's scale (see bench/README.md)
     python -m bench.simulate --scale issue12-small --arms "none,stock eager,stock EA,ours EA"
     python -m bench.simulate --scale issue12-small --sweep agentic   # 4 pool sizes
+    python -m bench.simulate --scale issue12 --configs 0 --arms "stock eager,ours EA" \
+        --rounds 3     # connector cost: arms alternating, the median of each round's ratio
 
 Prints the seed and every parameter first, then one table per (workload, pool) config
 (arms as rows), then the loss-mechanism table and the targets check. Metric definitions:
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -147,6 +150,30 @@ def table(rows: list[list[str]], head: list[str]) -> str:
     return "\n".join(out)
 
 
+def rounds_table(rounds: list[list[ArmResult]]) -> str:
+    """Each arm's connector p50 / p99 in every round, over eager's of that round,
+    and the medians of those ratios."""
+    head = ["arm"] + [f"round {i + 1}: p50 / p99 (x eager)" for i in range(len(rounds))]
+    head += ["median p50 / eager", "median p99 / eager"]
+    rows = []
+    for column, first in enumerate(rounds[0]):
+        cells, p50s, p99s = [], [], []
+        for results in rounds:
+            r = results[column]
+            eager = next((e for e in results if e.arm == "stock eager"), None)
+            p50, p99 = _pctl(r.conn_ms, 0.5), _pctl(r.conn_ms, 0.99)
+            if eager is None or not _pctl(eager.conn_ms, 0.5):
+                cells.append(f"{fmt(p50)} / {fmt(p99)}")
+                continue
+            p50s.append(p50 / _pctl(eager.conn_ms, 0.5))
+            p99s.append(p99 / _pctl(eager.conn_ms, 0.99))
+            cells.append(f"{fmt(p50)} / {fmt(p99)} ({fmt(p50s[-1], 2)} / {fmt(p99s[-1], 2)})")
+        rows.append([first.arm, *cells,
+                     fmt(statistics.median(p50s), 2) if p50s else "-",
+                     fmt(statistics.median(p99s), 2) if p99s else "-"])
+    return table(rows, head)
+
+
 def bucket_table(results: list[ArmResult]) -> str:
     head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99",
             "1000+: n / p50 / p99"]
@@ -171,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--receipt-delay-steps", type=int, default=1)
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--store-failure-rate", type=float, default=0.0)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the arms this many times, alternating, and add a table of each "
+                    "round's connector p50/p99 over eager's and their medians (the box's noise "
+                    "moves one run's ratio; the other tables are the first round's)")
     ap.add_argument("--model-ms", type=float, default=0.0,
                     help="the model's forward per step, spent asleep between schedule() and "
                     "update_from_output() as vLLM's engine-core thread waits for its "
@@ -224,18 +255,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# workload: {wp.describe()}")
         print(f"# {summarize(sessions)}")
         sys.stdout.flush()
-        results: list[ArmResult] = []
-        for arm in all_arms:
-            t0 = time.time()
-            r = run_arm(arm, sessions, sp, log_dir=log_dir)
-            results.append(r)
-            print(f"#   ran {arm.name}: {time.time() - t0:.0f}s wall, {r.steps} steps, "
-                  f"max running {r.max_running}, unfinished sessions {r.unfinished_sessions}",
-                  file=sys.stderr)
-            dump.append({"config": [preset, pool_label, blocks], "arm": arm.name,
-                         "ledger": r.ledger, "losses": r.losses, "needed": r.needed,
-                         "recalled": r.recalled, "writes": r.chunk_writes,
-                         "preemptions": r.preemptions})
+        rounds: list[list[ArmResult]] = []
+        for index in range(max(1, a.rounds)):
+            rounds.append([])
+            for arm in all_arms:
+                t0 = time.time()
+                r = run_arm(arm, sessions, sp, log_dir=log_dir)
+                rounds[-1].append(r)
+                print(f"#   ran {arm.name} (round {index + 1}): {time.time() - t0:.0f}s wall, "
+                      f"{r.steps} steps, max running {r.max_running}, unfinished sessions "
+                      f"{r.unfinished_sessions}", file=sys.stderr)
+                if index == 0:
+                    dump.append({"config": [preset, pool_label, blocks], "arm": arm.name,
+                                 "ledger": r.ledger, "losses": r.losses, "needed": r.needed,
+                                 "recalled": r.recalled, "writes": r.chunk_writes,
+                                 "preemptions": r.preemptions})
+        results = rounds[0]
         eager = next((r for r in results if r.arm == "stock eager"), None)
         none = next((r for r in results if r.arm == "none"), None)
         print()
@@ -246,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         vrows = [versus_row(r, eager, none) for r in results]
         print(table(vrows, VHEAD))
         sweep_rows += [[f"{preset}/{pool_label}", str(blocks)] + v for v in vrows]
+        if len(rounds) > 1:
+            print(f"\nconnector time per step over {len(rounds)} rounds, arms alternating "
+                  "(ms, and over eager's in the same round):\n")
+            print(rounds_table(rounds))
         print("\nconnector time per step by backlog bucket (buffered ops at step start):\n")
         print(bucket_table(results))
         print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered op,"
