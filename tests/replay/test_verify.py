@@ -3,16 +3,19 @@ an altered decision or digest, a lost event or rotation trouble."""
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from pathlib import Path
 
 import msgpack
+import pytest
 from hypothesis import settings
 
 from connector.recording import EventRecorder
 from offload_fsm.framing import Record, frame, scan
 from offload_fsm.lifecycle import SHUT_DOWN
 from offload_fsm.testing.synthetic import RecordingWorld
+from replay import cli, runner
 from replay.runner import replay
 from tests.offload_fsm.test_stateful import EvictionAwareMachine, FifoMachine
 from tests.replay.conftest import VERSIONS, record_workload
@@ -221,13 +224,7 @@ def test_a_snapshot_that_does_not_decode_is_reported_where_it_is_used(tmp_path: 
 
 
 def test_replay_commands_run_with_young_collections_spaced_and_restore_them(
-        mixed_log: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import gc
-
-    import pytest
-
-    from replay import cli, runner
-
+        mixed_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
     before = gc.get_threshold()
     with pytest.raises(RuntimeError), runner.spaced_collections():
