@@ -138,8 +138,7 @@ def _run_held_alone(owners: dict[int, Op | dict[int, Op]], hashes: dict[int, Blo
     """How many blocks from ``start`` on, in whole chunks, ``holder`` alone
     holds with the hashes of ``snapshot``: the run a second holder shares."""
     rest = ids[start:]
-    alone = next(compress(count(), map(is_not, map(owners.get, rest), repeat(holder))),
-                 len(rest))
+    alone = _leading_held(owners, rest, holder)
     run = alone - alone % size
     if tuple(map(hashes.__getitem__, rest[:run])) == snapshot[start:start + run]:
         return run
@@ -148,6 +147,14 @@ def _run_held_alone(owners: dict[int, Op | dict[int, Op]], hashes: dict[int, Blo
             map(hashes.__getitem__, rest[same:same + size])):
         same += size
     return same
+
+
+def _leading_held(owners: dict[int, Op | dict[int, Op]], blocks: tuple[int, ...],
+                  holder: Op) -> int:
+    """How many of ``blocks``, from the first, ``owners`` maps to ``holder``
+    itself (it alone holds them)."""
+    return next(compress(count(), map(is_not, map(owners.get, blocks), repeat(holder))),
+                len(blocks))
 
 
 def _index_blocks(state: State, op: Op, ids: tuple[int, ...],
@@ -198,8 +205,7 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
             at += 1
             if entry is op:  # with the blocks after it that it alone holds
                 rest = ids[at - 1:]
-                alone = rest[:next(compress(count(), map(is_not, map(owners.get, rest),
-                                                     repeat(op))), len(rest))]
+                alone = rest[:_leading_held(owners, rest, op)]
                 # (a block listed twice is gone the second time: nothing to pop)
                 deque(map(owners.pop, alone, repeat(None)), maxlen=0)
                 deque(map(hashes.pop, alone, repeat(None)), maxlen=0)
