@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from testkit.env import require_stack
+
+require_stack()  # skips without vLLM and LMCache; fails under CI=true
 
 from bench.sim.engine import ArmSpec, Sim, SimParams  # noqa: E402
 from bench.sim.workload import WorkloadParams, generate  # noqa: E402
