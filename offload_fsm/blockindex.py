@@ -226,6 +226,14 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
                     owners[block_id] = next(iter(entry.values()))
 
 
+def unindex_all(state: State) -> None:
+    """Every buffered op leaves (shutdown): the index empties at once, not
+    an op at a time (1,418 ops, a third of the final step's cost, on the
+    roomy agentic log)."""
+    state.owners.clear()
+    state.owner_hashes.clear()
+
+
 def apply_reallocations(
     state: State, reallocated: Iterable[tuple[int, int | None]], scope: Scope
 ) -> None:

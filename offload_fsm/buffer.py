@@ -22,13 +22,16 @@ from offload_fsm.pins import release_pinned
 from offload_fsm.state import Op, OpStatus, Phase, RequestState, State
 
 
-def drop_pending(state: State, rec: RequestState, cause: DropCause, scope: Scope) -> None:
-    """Drop the request's whole buffer for ``cause``."""
+def drop_pending(state: State, rec: RequestState, cause: DropCause, scope: Scope, *,
+                 unbuffer: bool = True) -> None:
+    """Drop the request's whole buffer for ``cause``; ``unbuffer`` False when
+    the policy has let go of every buffered op already (``all_unbuffered``)."""
     if not rec.ops:
         return
     lost = rec.ops[:]
     rec.ops.clear()
-    scope.hooks.unbuffered(state, lost)
+    if unbuffer:
+        scope.hooks.unbuffered(state, lost)
     release_pinned(state, lost, scope)
     count_drop(state, rec, lost, cause, -1, scope)
     after_buffer_change(state, rec)

@@ -181,6 +181,7 @@ HOOKS = PolicyHooks(
     already_stored=dedup.already_stored,
     admitted=blockindex.index,
     unbuffered=blockindex.unindex,
+    all_unbuffered=blockindex.unindex_all,
     token_step=_token_step,
     empty_step=_lift_shields,
     finished=_shield,

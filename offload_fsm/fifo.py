@@ -56,6 +56,10 @@ def _nothing_unbuffered(state: State, ops: Sequence[Op]) -> None:
     return
 
 
+def _nothing_all_unbuffered(state: State) -> None:
+    return
+
+
 def _nothing_on_empty(state: State, scope: Scope) -> None:
     return
 
@@ -79,6 +83,7 @@ HOOKS = PolicyHooks(
     already_stored=_never_stored,
     admitted=_nothing_admitted,
     unbuffered=_nothing_unbuffered,
+    all_unbuffered=_nothing_all_unbuffered,
     token_step=_token_step,
     empty_step=_nothing_on_empty,
     finished=_nothing_finished,

@@ -45,6 +45,8 @@ class PolicyHooks:
     admitted: Callable[[State, Op, Scope], None]
     # Ops left their request's buffer (selected, dropped).
     unbuffered: Callable[[State, Sequence[Op]], None]
+    # Every buffered op leaves at once (shutdown): ``unbuffered`` of them all.
+    all_unbuffered: Callable[[State], None]
     # A step with scheduled tokens, after the shared bookkeeping: plan a drain.
     token_step: Callable[[State, StepScheduled, Scope], None]
     # A step with no scheduled tokens.

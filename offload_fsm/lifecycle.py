@@ -177,8 +177,9 @@ def on_shutdown(state: State, event: ShutdownRequested, scope: Scope) -> None:
     flush on, what is left is counted first (``tail.record_left``)."""
     tail.record_left(state, scope)
     counters = state.counters
+    scope.hooks.all_unbuffered(state)
     for rec in list(state.pending.values()):
-        drop_pending(state, rec, DropCause.SHUTDOWN, scope)
+        drop_pending(state, rec, DropCause.SHUTDOWN, scope, unbuffer=False)
     for batch in list(state.batches.values()):
         ops = batch.ops
         move(state, ops, OpStatus.ABANDONED)

@@ -136,26 +136,28 @@ class ReplayResult:
                 and not self.lost)
 
 
-YOUNG_COLLECTION_ALLOCATIONS = 20_000
+YOUNG_COLLECTION_ALLOCATIONS = 100_000
 """The cyclic GC's young-generation threshold while a replay command runs
 (CPython's default is 700; :func:`spaced_collections`)."""
 
 
 @contextlib.contextmanager
 def spaced_collections() -> Iterator[None]:
-    """Run the block with the cyclic GC's young generation collected every
-    :data:`YOUNG_COLLECTION_ALLOCATIONS` container allocations; the thresholds
-    before are restored after.
+    """Run the block with the cyclic GC's young generation collected once
+    :data:`YOUNG_COLLECTION_ALLOCATIONS` more containers are alive than at
+    the last collection; the thresholds before are restored after.
 
-    A fold allocates a tuple or a record per decoded event and keeps most of
-    what the core builds (ops, their requests, block-index entries) for
-    hundreds of steps, so at the default threshold a collection comes every
-    700 allocations and examines objects that nearly all survive it: on the
-    roomy agentic log, 99 young and 8 older collections, 48 ms of a ~600 ms
-    ``verify``; 2 collections, 15 ms, at this threshold (bench/README.md,
-    stop 20). Nothing the fold keeps needs the collector sooner: the cycles
-    it makes (an op and its request) are dropped whole when the request ends
-    and freed at the next collection either way."""
+    A fold keeps most of what the core builds (ops, their requests, block
+    ids, block-index entries) for hundreds of steps, and each collection
+    examines objects that nearly all survive it (and every tuple of block
+    ids in them, element by element). The count is allocations less frees,
+    so a steady fold stays under this threshold and a collection comes only
+    while the state grows (or cyclic garbage piles up: never more than this
+    many containers of it). Measured with ``gc.callbacks``, ``verify`` of
+    the one-hour ``bench_longrun`` log: at 700, 12,722 collections, 4.1 s of
+    43 s; at 20,000, 290 (2 of them full), 3.0-3.4 s of 38-39 s; at 100,000,
+    2, under 1 ms, 34-37 s (bench/README.md, stop 21). The cycles a fold
+    makes (an op and its request) are dropped whole when the request ends."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], YOUNG_COLLECTION_ALLOCATIONS), *before[1:])
     try:
