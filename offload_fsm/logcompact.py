@@ -159,7 +159,7 @@ class WireContext:
         try:
             if tag == _STEP:
                 window = self._undelta(item[6])
-                pairs = tuple(self._unpair(p) for p in item[7])
+                pairs = tuple(map(self._unpair, item[7]))
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
                 ids, refs = unruns(item[4], self.lists, self.intact), item[5]
