@@ -77,15 +77,17 @@ def waits_for_claimant(
     content keys and blocks of the picks made earlier in the same plan."""
     stored, claimed, pins = state.stored_keys, state.claimed_keys, state.pins
     waiting = False
-    for op in ops:
-        for key, blocks in chunk_blocks(op):
-            if key in stored:
-                continue
-            if key not in claimed and key not in claiming:
-                return False  # new content: store now
-            if not op.pinned and any(b not in pins and b not in pinning for b in blocks):
-                return False  # its own copy could be evicted while it waits
-            waiting = True
+    for op in ops:  # (the answer does not depend on the order: sets first, in C)
+        unstored = set(op.chunk_keys).difference(stored)
+        if not unstored:
+            continue
+        if unstored.difference(claimed, claiming):
+            return False  # new content: store now
+        if not op.pinned:
+            for key, blocks in chunk_blocks(op):
+                if key in unstored and any(b not in pins and b not in pinning for b in blocks):
+                    return False  # its own copy could be evicted while it waits
+        waiting = True
     return waiting
 
 

@@ -108,8 +108,13 @@ def _due(
     due: dict[str, tuple[int, int, RequestState]] = {}
     held: dict[str, RequestState] = {}
     owners = state.owners
+    taken: set[int] = set()  # entries seen (lowest rank first: a later block adds nothing)
     for rank, block_id in ranked_blocks:
-        for op in holders(owners[block_id]):
+        entry = owners[block_id]
+        if id(entry) in taken:
+            continue
+        taken.add(id(entry))
+        for op in holders(entry):
             rec = op.req
             if rec.batch is not None:
                 held[rec.req_id] = rec
