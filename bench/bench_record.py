@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import bench_longrun
+from bench.trees import extracted
 from connector.recording import EventRecorder
 from offload_fsm.logformat import SCHEMA_VERSION
 
@@ -86,12 +87,7 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
 
 def _against(rev: str, steps: int, seed: int) -> dict[str, Any]:
     """Run this bench on ``git archive rev`` (with this file copied in)."""
-    repo = Path(__file__).resolve().parents[1]
-    tree = Path(tempfile.mkdtemp(prefix="bench-record-tree-"))
-    try:
-        archive = subprocess.run(["git", "-C", str(repo), "archive", rev],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    with extracted(rev, "bench-record-tree-") as tree:
         shutil.copy(__file__, tree / "bench" / "bench_record.py")
         out = subprocess.run(
             [sys.executable, "-m", "bench.bench_record", "--steps", str(steps), "--seed",
@@ -99,8 +95,6 @@ def _against(rev: str, steps: int, seed: int) -> dict[str, Any]:
             cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, check=True,
             capture_output=True, text=True).stdout
         return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
-    finally:
-        shutil.rmtree(tree)
 
 
 ROWS = [
