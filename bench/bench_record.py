@@ -86,9 +86,12 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
 
 
 def _against(rev: str, steps: int, seed: int) -> dict[str, Any]:
-    """Run this bench on ``git archive rev`` (with this file copied in)."""
+    """Run this bench on ``git archive rev`` (with this file, and what it
+    imports from ``bench``, copied in)."""
     with extracted(rev, "bench-record-tree-") as tree:
-        shutil.copy(__file__, tree / "bench" / "bench_record.py")
+        here = Path(__file__).parent
+        for name in ("bench_record.py", "trees.py"):
+            shutil.copy(here / name, tree / "bench" / name)
         out = subprocess.run(
             [sys.executable, "-m", "bench.bench_record", "--steps", str(steps), "--seed",
              str(seed), "--json"],
