@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.bench_fold import read_events
 from bench.trees import REPO, extracted
+from offload_fsm.events import StepScheduled
 
 # One verify per line read; its CPU time in ms per line written.
 _WORKER = """
@@ -43,15 +45,8 @@ for _ in sys.stdin:
 
 
 def _steps(log: str) -> int:
-    from offload_fsm.events import StepScheduled
-    from offload_fsm.logformat import Inputs
-    from replay.reader import Entry, read_log
-
-    return sum(
-        sum(type(event) is StepScheduled for event in entry.record.events)
-        for entry in read_log(log, None)
-        if isinstance(entry, Entry) and type(entry.record) is Inputs
-    )
+    _header, events = read_events(log, None)
+    return sum(type(event) is StepScheduled for event in events)
 
 
 def _worker(tree: Path, log: str) -> subprocess.Popen[str]:
