@@ -226,11 +226,21 @@ def test_server_killed_serving_continues_and_stores_resume(
 
     def fault() -> None:
         objects["before_kill"] = fresh_server.object_count()
+        objects["pid_before_kill"] = fresh_server.pid
         fresh_server.kill()
 
     def recover() -> None:
+        # A new process, so whatever it holds came after the kill. Its object count is
+        # not checked for 0 here: LMCache's client (a ZMQ DEALER) queues the requests
+        # sent while the server was down and delivers them once it reconnects, so the
+        # worker's PREPARE_STORE that already timed out (its store recorded failed, its
+        # pins released) can reach the new server and stage objects there that are
+        # never committed. CI saw 4 objects (one 1,024-token store) right after the
+        # restart; locally the server log shows two such requests 0.3 s after it, that
+        # time refused because the worker had not registered again yet. The worker
+        # writes nothing into them, as its own wait ended in a timeout.
         fresh_server.restart()
-        assert fresh_server.object_count() == 0  # a new, empty server
+        assert fresh_server.pid != objects.pop("pid_before_kill")
         # Let both adapters' heartbeats see the server again (and the worker
         # re-register its KV caches) before the next store.
         time.sleep(RECOVERY_WAIT_S)
