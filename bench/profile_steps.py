@@ -29,6 +29,9 @@ each phase:
   ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
   which land inside whichever phase allocated when a collection came due.
 
+Then, per arm, its collections while serving (any thread) by generation:
+count, total, median and longest pause.
+
 And the mean over every step, which compares arms whose steps rank differently.
 """
 
@@ -43,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 _PHASES: dict[str, float] = Counter()
+_PAUSES: list[tuple[int, float]] = []  # this step's collections: (generation, seconds)
 
 
 def _wrap(owner: Any, name: str, phase: str) -> None:
@@ -70,11 +74,13 @@ def _time_collections() -> None:
         paused = time.perf_counter() - started[0]
         _PHASES["gc"] += paused
         _PHASES[f"gc{info['generation']}"] += paused
+        _PAUSES.append((info["generation"], paused))
 
     gc.callbacks.append(callback)
 
 
-def _install() -> dict[str, list[tuple[float, dict[str, float]]]]:
+def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
+                        dict[str, list[tuple[int, float]]]]:
     from lmcache.integration.vllm import lmcache_mp_connector as stock
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
@@ -106,16 +112,19 @@ def _install() -> dict[str, list[tuple[float, dict[str, float]]]]:
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
     _time_collections()
     steps: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    pauses: dict[str, list[tuple[int, float]]] = {}
     one_step = engine.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
         _PHASES.clear()
+        _PAUSES.clear()
         one_step(self, step)
+        pauses.setdefault(self.arm.name, []).extend(_PAUSES)
         if self.arm.kind != "none":  # the arms with a connector
             steps.setdefault(self.arm.name, []).append((self.res.conn_ms[-1], dict(_PHASES)))
 
     engine.Sim._one_step = filed  # type: ignore[method-assign]
-    return steps
+    return steps, pauses
 
 
 def _wrap_static(owner: Any, name: str, phase: str) -> None:
@@ -137,11 +146,24 @@ def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
         print(f"  {phase:<24} {ms:8.3f} ms")
 
 
+def _report_collections(pauses: dict[str, list[tuple[int, float]]]) -> None:
+    """Each arm's collections while it served (on any thread), by generation."""
+    print("\n## the cyclic GC's collections while serving, any thread (ms)")
+    print("| arm | generation | collections | total | p50 | max |\n|---|---|---|---|---|---|")
+    for arm, taken in pauses.items():
+        for generation in (0, 1, 2):
+            ms = sorted(seconds * 1e3 for g, seconds in taken if g == generation)
+            if ms:
+                print(f"| {arm} | {generation} | {len(ms)} | {sum(ms):.1f} | "
+                      f"{ms[len(ms) // 2]:.2f} | {ms[-1]:.2f} |")
+
+
 def main() -> int:
     from bench import simulate
 
-    by_arm = _install()
+    by_arm, pauses = _install()
     status = simulate.main(sys.argv[1:])
+    _report_collections(pauses)
     print("\n## where the connector's time goes (bench.profile_steps; phases inclusive)")
     for arm, steps in by_arm.items():
         print(f"### {arm}")

@@ -136,6 +136,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
             recorder=recorder,
+            live_tokens=self._live_tokens,
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
         self._log_writer = recorder.writer if recorder is not None else None
@@ -146,6 +147,16 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             _log.warning("lazy offload: %s_shutdown_flush_s is set, but this is not vLLM's "
                          "engine-core process (no SIGTERM handler on the main thread); "
                          "the shutdown flush is off for this engine", PREFIX)
+
+    def _live_tokens(self, request_id: str) -> Any:
+        """The request's own token list (vLLM's ``all_token_ids``), which a
+        buffered store keeps instead of LMCache's copy of it
+        (``connector.stores``); None when LMCache keys on other ids
+        (multimodal prompts) or tracks no such request."""
+        tracker = self.request_trackers.get(request_id)
+        if tracker is None or tracker.mm_adjusted_prompt_ids:
+            return None
+        return tracker.all_token_ids
 
     # -- fail fast: vLLM calls these with the config before weights load ---
 

@@ -116,8 +116,10 @@ class EventSourcedManager:
         chunk_tokens: int = 0,
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        live_tokens: Callable[[str], Sequence[int] | None] = lambda _req_id: None,
     ) -> None:
         self.config = config
+        self._live_tokens = live_tokens
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
         # Chunk-level dedup needs one block stride; with several KV groups the
@@ -330,7 +332,7 @@ class EventSourcedManager:
     # -- observations -----------------------------------------------------
 
     def _offer(self, metadata: LMCacheMPRequestMetadata) -> None:
-        self._stores.offered(metadata)
+        self._stores.offered(metadata, self._live_tokens(metadata.request_id))
         op: Any = metadata.op
         block_ids = tuple(op.flat_block_ids)
         self._feed(CandidateOffered(

@@ -9,11 +9,27 @@ the first op), and forgets them when the core drops, rejects or ends them.
 Its memory is bounded by what the core buffers. The core may cut an op at a
 chunk boundary (``OpSplit``); a store or a drop that ends or starts inside
 an op cuts the shell's record there too, so either side can go alone.
+
+Token lists. LMCache's metadata carries a fresh copy of the request's whole
+token list (``LMCacheMPRequestTracker.get_token_ids``), made on every offer.
+Eager LMCache sends it at once and lets it go; a buffered op would keep it
+for hundreds of steps, and until a second-generation collection promotes
+it, every young collection of the cyclic GC visits each of its items. On
+the roomy agentic trace the young generations held 2.0-2.5 M list items at
+such a collection with the copies kept, 1.7-1.8 M without (the rest is
+vLLM's own requests' token lists; bench/README.md, "Stop 22"). So when the
+caller passes the request's live token list (vLLM's
+``Request.all_token_ids``: append-only, and alive with the request anyway),
+only it and the copy's length are kept, and the STORE's token list is
+sliced from it when it is built: the same tokens as the copy. Without one
+(no tracker, or multimodal prompt ids that differ from vLLM's), the copy is
+kept.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
@@ -21,16 +37,35 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 from offload_fsm.commands import SubmitStore
 
 
+class _Request(NamedTuple):
+    """What a request's STOREs take from its latest offer: its token list's
+    first ``num_tokens`` tokens (``tokens``: the live list, or the offer's
+    copy), its cache salt and its request configs."""
+
+    tokens: Sequence[int]
+    num_tokens: int
+    cache_salt: Any
+    request_configs: Any
+
+
 class StoreBuilder:
     def __init__(self, group_tokens_per_block: list[int]) -> None:
         self._group_tokens_per_block = list(group_tokens_per_block)
-        self._latest: dict[str, LMCacheMPRequestMetadata] = {}
+        self._latest: dict[str, _Request] = {}
         # req id -> op start token -> (op end token, per-group block ids)
         self._ops: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
 
-    def offered(self, metadata: LMCacheMPRequestMetadata) -> None:
+    def offered(self, metadata: LMCacheMPRequestMetadata,
+                live_tokens: Sequence[int] | None = None) -> None:
+        """Note an offer. ``live_tokens``: the request's own append-only token
+        list, whose first ``len(metadata.op.token_ids)`` tokens the offer's
+        copy holds (kept instead of the copy: see the module docstring)."""
         op: Any = metadata.op
-        self._latest[metadata.request_id] = metadata
+        copied = op.token_ids
+        tokens = live_tokens if live_tokens is not None and len(live_tokens) >= len(copied) \
+            else copied
+        self._latest[metadata.request_id] = _Request(
+            tokens, len(copied), metadata.cache_salt, metadata.request_configs)
         self._ops.setdefault(metadata.request_id, {})[op.start] = (op.end, op.block_ids)
 
     def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
@@ -52,7 +87,7 @@ class StoreBuilder:
             request_id=command.req_id,
             direction="STORE",
             op=LoadStoreOp(
-                token_ids=latest.op.token_ids,
+                token_ids=list(latest.tokens[: latest.num_tokens]),
                 block_ids=merged,
                 start=command.start_token,
                 end=command.end_token,
