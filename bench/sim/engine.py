@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import math
 import os
 import random
@@ -331,12 +332,18 @@ class Sim:
         self.written: set[bytes] = set()
         self.useful: set[bytes] = set()
         # loss attribution
-        # block id -> its watcher, "request id US start US snapshot hash hex", or a list of
-        # them once a second op watches the block. A tuple per watcher (one per offered
-        # block: 258k on the roomy agentic trace) was tracked by the cyclic GC and filled
-        # its young generation, so the collections it caused (5x eager's count) landed in
-        # the lazy arms' timed connector calls; strings are not tracked.
-        self.watch: dict[int, str | list[str]] = {}
+        # Who watches a block: block id -> its latest watcher's number; a watcher is
+        # "request id US start US snapshot hash hex" (``watcher_text``), and
+        # ``watcher_next`` links it to the block's previous watcher. A tuple per
+        # watcher (one per offered block: 258k on the roomy agentic trace) was tracked
+        # by the cyclic GC and filled its young generation, so the collections it
+        # caused (5x eager's count) landed in the lazy arms' timed connector calls, and
+        # so did a list per block watched twice (200 alive at each young collection).
+        # Ints and strings in dicts that already exist allocate nothing it tracks.
+        self.watch: dict[int, int] = {}
+        self.watcher_text: dict[int, str] = {}
+        self.watcher_next: dict[int, int] = {}
+        self.watcher_numbers = itertools.count()
         self.lost: dict[tuple[str, int], str] = {}
         self.finish_step: dict[str, int] = {}
         self.last_drain: tuple[int, dict[int, int], int, int, bool] = (-1, {}, 0, 0, True)
@@ -481,17 +488,16 @@ class Sim:
             orig_add(meta)
             t0 = time.perf_counter()
             self.view.offered += 1
-            blocks, watch = pool.blocks, self.watch
+            blocks, watch, numbers = pool.blocks, self.watch, self.watcher_numbers
+            text, after = self.watcher_text, self.watcher_next
             head = f"{meta.request_id}\x1f{meta.op.start}\x1f"
             for b in meta.op.flat_block_ids:
-                watcher = head + blocks[b].block_hash.hex()
+                number = next(numbers)
+                text[number] = head + blocks[b].block_hash.hex()
                 before = watch.get(b)
-                if before is None:
-                    watch[b] = watcher
-                elif type(before) is str:
-                    watch[b] = [before, watcher]
-                else:
-                    before.append(watcher)
+                if before is not None:
+                    after[number] = before
+                watch[b] = number
             instr.total += time.perf_counter() - t0
 
         mgr.add_store_candidate = add_hook
@@ -604,11 +610,16 @@ class Sim:
             key = self.block2chunk.get(bytes(bh))
             if key is not None and key not in self.evicted_open:
                 self.evicted_open[key] = key in self.lm.stored or self.inflight_keys.get(key, 0) > 0
-        watchers = self.watch.pop(block_id, None)
-        if not watchers or self.view.mgr is None:
+        number = self.watch.pop(block_id, None)
+        if number is None or self.view.mgr is None:
             return
         snap_now = bh_group.hex()
-        for watcher in [watchers] if type(watchers) is str else watchers:
+        text, after = self.watcher_text, self.watcher_next
+        watchers = []
+        while number is not None:
+            watchers.append(text.pop(number))
+            number = after.pop(number, None)
+        for watcher in reversed(watchers):  # the oldest first
             rid, start_text, snap = watcher.split("\x1f")
             start = int(start_text)
             if snap != snap_now or (rid, start) in self.lost:
