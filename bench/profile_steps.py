@@ -176,7 +176,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from bench.simulate import hash_seeded
-
-    hash_seeded("bench.profile_steps")
     raise SystemExit(main())

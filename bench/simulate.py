@@ -301,18 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def hash_seeded(module: str) -> None:
-    """Run ``python -m module`` again with ``PYTHONHASHSEED=0`` unless it is set.
-
-    The interpreter reads it only at start-up, and vLLM's scheduler iterates
-    sets of request ids (strings), so without it two runs of the same trace
-    could order requests differently (eager's tight-pool recall was once
-    8350/8354, once 8358/8362)."""
-    if os.environ.get("PYTHONHASHSEED") is None:
-        os.environ["PYTHONHASHSEED"] = "0"
-        os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])
-
-
 if __name__ == "__main__":
-    hash_seeded("bench.simulate")
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     raise SystemExit(main())
