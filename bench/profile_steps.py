@@ -30,7 +30,12 @@ each phase:
   which land inside whichever phase allocated when a collection came due.
 
 Then, per arm, its collections while serving (any thread) by generation:
-count, total, median and longest pause.
+count, total, median and longest pause; and who came due for them: the
+thread, and the package of the innermost Python frame at the allocation
+that crossed the young generation's threshold (the core, the connector, the
+event log (recorder and writer), LMCache, vLLM, the simulator). A collection comes due on
+whichever allocation crosses the threshold, so these are a sample of where
+new GC-tracked objects are made, weighted by how many.
 
 And the mean over every step, which compares arms whose steps rank differently.
 """
@@ -40,13 +45,19 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 _PHASES: dict[str, float] = Counter()
-_PAUSES: list[tuple[int, float]] = []  # this step's collections: (generation, seconds)
+# this step's collections: (generation, seconds, thread, allocating package)
+_PAUSES: list[tuple[int, float, str, str]] = []
+_PACKAGES = (("/offload_fsm/", "core"), ("/connector/eventlog", "log"),
+             ("/connector/recording", "log"), ("/connector/", "connector"),
+             ("/lmcache/", "lmcache"), ("/vllm/", "vllm"), ("/bench/", "simulator"))
+_BY_MODULE = frozenset(("core", "log", "connector"))  # named down to the module
 
 
 def _wrap(owner: Any, name: str, phase: str) -> None:
@@ -66,21 +77,39 @@ def _wrap(owner: Any, name: str, phase: str) -> None:
 def _time_collections() -> None:
     """File the cyclic collector's pauses as the ``gc`` (and ``gc2``) phase."""
     started = [0.0]
+    due = [""]
 
     def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            due[0] = _allocator(sys._getframe(1))
             started[0] = time.perf_counter()
             return
         paused = time.perf_counter() - started[0]
         _PHASES["gc"] += paused
         _PHASES[f"gc{info['generation']}"] += paused
-        _PAUSES.append((info["generation"], paused))
+        thread = "scheduler" if threading.current_thread() is threading.main_thread() \
+            else "other"
+        _PAUSES.append((info["generation"], paused, thread, due[0]))
 
     gc.callbacks.append(callback)
 
 
+def _allocator(frame: Any) -> str:
+    """The package of the innermost frame of ours, LMCache's, vLLM's or the
+    simulator's, from ``frame`` outwards ("other" when none is)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        for part, package in _PACKAGES:
+            if part in name:
+                if package in _BY_MODULE:
+                    return f"{package}.{name.rsplit('/', 1)[-1].removesuffix('.py')}"
+                return package
+        frame = frame.f_back
+    return "other"
+
+
 def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
-                        dict[str, list[tuple[int, float]]]]:
+                        dict[str, list[tuple[int, float, str, str]]]]:
     from lmcache.integration.vllm import lmcache_mp_connector as stock
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
@@ -112,7 +141,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
     _time_collections()
     steps: dict[str, list[tuple[float, dict[str, float]]]] = {}
-    pauses: dict[str, list[tuple[int, float]]] = {}
+    pauses: dict[str, list[tuple[int, float, str, str]]] = {}
     one_step = engine.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
@@ -146,16 +175,26 @@ def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
         print(f"  {phase:<24} {ms:8.3f} ms")
 
 
-def _report_collections(pauses: dict[str, list[tuple[int, float]]]) -> None:
-    """Each arm's collections while it served (on any thread), by generation."""
+def _report_collections(pauses: dict[str, list[tuple[int, float, str, str]]]) -> None:
+    """Each arm's collections while it served (on any thread), by generation,
+    then by the thread and the package that came due for them."""
     print("\n## the cyclic GC's collections while serving, any thread (ms)")
     print("| arm | generation | collections | total | p50 | max |\n|---|---|---|---|---|---|")
     for arm, taken in pauses.items():
         for generation in (0, 1, 2):
-            ms = sorted(seconds * 1e3 for g, seconds in taken if g == generation)
+            ms = sorted(seconds * 1e3 for g, seconds, _, _ in taken if g == generation)
             if ms:
                 print(f"| {arm} | {generation} | {len(ms)} | {sum(ms):.1f} | "
                       f"{ms[len(ms) // 2]:.2f} | {ms[-1]:.2f} |")
+    print("\ncollections (all generations) by who came due: thread / allocating package")
+    print("| arm | thread / package: collections, total ms |\n|---|---|")
+    for arm, taken in pauses.items():
+        by: dict[tuple[str, str], list[float]] = {}
+        for _, seconds, thread, package in taken:
+            by.setdefault((thread, package), []).append(seconds * 1e3)
+        cells = sorted(by.items(), key=lambda kv: -len(kv[1]))
+        print(f"| {arm} | " + "; ".join(f"{t} / {p}: {len(ms)}, {sum(ms):.0f}"
+                                         for (t, p), ms in cells) + " |")
 
 
 def main() -> int:

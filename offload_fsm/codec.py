@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import attrs
 import msgpack
@@ -108,9 +109,27 @@ def decode(data: bytes) -> Message:
     return from_wire(item)
 
 
+class _Items(NamedTuple):
+    """A part of the canonical state that :func:`state_digest` packs one item
+    at a time (as msgpack packs the whole array: its header, then each item),
+    so a digest never holds the part whole: a state's worth of new tuples
+    would fill the cyclic GC's young generation many times over, and each
+    collection it sets off walks whatever else is young (vLLM's requests'
+    token lists), on whichever thread the digest runs."""
+
+    length: int
+    items: Iterable[Any]
+
+
 def canonical_state(state: State) -> tuple[Any, ...]:
     """Everything that can influence a later decision, in a canonical order."""
-    requests = tuple(
+    return tuple(tuple(part.items) if isinstance(part, _Items) else part
+                 for part in _canonical_parts(state))
+
+
+def _canonical_parts(state: State) -> tuple[Any, ...]:
+    """:func:`canonical_state` with its large parts as :class:`_Items`."""
+    requests = _Items(len(state.requests), (
         (
             rec.req_id,
             rec.phase.value,
@@ -125,12 +144,13 @@ def canonical_state(state: State) -> tuple[Any, ...]:
             ),
         )
         for rec in state.requests.values()
-    )
-    batches = tuple(
+    ))
+    batches = _Items(len(state.batches), (
         (b.batch_id, b.req.req_id, b.status.value, b.receipts, b.failed, b.orphaned,
          tuple(op.op_id for op in b.ops))
         for b in state.batches.values()
-    )
+    ))
+    pins, claimed = state.pins, state.claimed_keys
     return (
         state.step_index,
         state.ema_blocks,
@@ -149,10 +169,10 @@ def canonical_state(state: State) -> tuple[Any, ...]:
         tuple(state.ready),
         tuple(state.shielded),
         batches,
-        tuple(sorted(state.pins.items())),
+        _Items(len(pins), ((block, pins[block]) for block in sorted(pins))),
         len(state.stored_keys),  # membership by a running fingerprint: O(1), not O(2^18)
         state.stored_keys_xor,
-        tuple(sorted(state.claimed_keys.items())),
+        _Items(len(claimed), ((key, claimed[key]) for key in sorted(claimed))),
         state.poisoned,
         *_lease(state),
         *_tail(state),
@@ -192,6 +212,17 @@ def _counters(state: State) -> tuple[Any, ...]:
 
 
 def state_digest(state: State) -> str:
-    """A 16-hex-digit fingerprint of :func:`canonical_state`."""
-    return hashlib.blake2b(packb(canonical_state(state)), digest_size=8).hexdigest()
+    """A 16-hex-digit fingerprint of :func:`canonical_state`: of the bytes
+    ``packb`` makes of it, packed a part (and a large part an item) at a time."""
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = _canonical_parts(state)
+    digest = hashlib.blake2b(packer.pack_array_header(len(parts)), digest_size=8)
+    for part in parts:
+        if isinstance(part, _Items):
+            digest.update(packer.pack_array_header(part.length))
+            for item in part.items:
+                digest.update(packer.pack(item))
+        else:
+            digest.update(packer.pack(part))
+    return digest.hexdigest()
 
