@@ -14,7 +14,9 @@ each phase:
 
 * ``build_connector_meta`` (LMCache's, with ``offer`` and ``step`` inside);
 * ``offer``: ``add_store_candidate`` (fingerprints, ``CandidateOffered``);
-* ``step``: ``StepScheduled`` (window read, reserve, the core's step);
+* ``step``: ``StepScheduled`` (window read, reserve, the core's step), and
+  inside it ``window read`` (every free-queue walk, cascade re-reads too),
+  ``reserve``, ``reallocations``, ``allocated ids``, ``narrator``;
 * ``core``: every ``offload_fsm.drive`` call (inside ``offer``, ``step``, ...);
 * ``commands``: executing the core's commands (pins, hash reads, stores);
 * ``fingerprints``, ``record`` (the event log on the scheduler thread);
@@ -31,11 +33,14 @@ each phase:
 
 Then, per arm, its collections while serving (any thread) by generation:
 count, total, median and longest pause; and who came due for them: the
-thread, and the package of the innermost Python frame at the allocation
-that crossed the young generation's threshold (the core, the connector, the
-event log (recorder and writer), LMCache, vLLM, the simulator). A collection comes due on
-whichever allocation crosses the threshold, so these are a sample of where
-new GC-tracked objects are made, weighted by how many.
+thread, and the package (module, for ours) of the innermost Python frame at
+the allocation that crossed the young generation's threshold. The thread
+says who paid. The package is only where allocating happened at that
+moment, not who made the collection due: CPython counts allocations minus
+frees of GC objects, so an object freed soon after it is made adds nothing,
+and what brings collections on is objects kept (taking the core's busiest
+allocator out of ``blockindex`` left a replay's 12 collections at 12 and
+moved its samples to other lines, bench/README.md, stop 23).
 
 And the mean over every step, which compares arms whose steps rank differently.
 """
@@ -122,6 +127,11 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
         (Connector, "build_connector_meta", "build_connector_meta"),
         (mgr, "add_store_candidate", "offer"),
         (mgr, "_step", "step"),
+        (blocks, "free_queue_head", "window read"),
+        (mgr, "_reserve_blocks", "reserve"),
+        (manager, "changed_hashes", "reallocations"),
+        (manager, "_allocated_block_ids", "allocated ids"),
+        (manager.Narrator, "end_of_step", "narrator"),
         (manager, "drive", "core"),
         (mgr, "_execute", "commands"),
         (blocks, "hashes_of", "fingerprints"),
