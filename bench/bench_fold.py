@@ -11,7 +11,8 @@ connector's scheduler thread both pay. Prints scheduler steps per second
 and, from one more pass that times each event, per event type the count,
 the total and the mean microseconds; then the fold's cost per scheduler step
 (p50 / p99 / p99.9 / max) and, for the slowest 1 % of steps, the mean per
-event type (where the connector's p99 work in the core goes).
+event type (where the connector's p99 work in the core goes), and the cyclic
+GC's collections during that pass.
 Compare two trees on one log side by side (run each from its checkout).
 A log to use: the ``ours EA`` arm of ``python -m bench.simulate`` (its
 ``event_log_dir`` is printed first) or ``bench.bench_longrun --keep DIR``.
@@ -20,6 +21,7 @@ A log to use: the ``ours EA`` arm of ``python -m bench.simulate`` (its
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from collections import Counter, defaultdict
 
@@ -70,11 +72,20 @@ def main() -> None:
     by_type: defaultdict[str, float] = defaultdict(float)  # one more pass, each event timed
     state, clock = fresh(), time.perf_counter
     each_s: list[float] = []
+    collections = [0, 0, 0]
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections[info["generation"]] += 1
+
+    gc.collect()
+    gc.callbacks.append(counted)
     for event in events:
         started = clock()
         step(state, event)
         each_s.append(clock() - started)
         by_type[type(event).__name__] += each_s[-1]
+    gc.callbacks.remove(counted)
     counts = Counter(type(event).__name__ for event in events)
     steps = counts[StepScheduled.__name__]
     print(f"{args.log}: {len(events):,} events, {steps:,} steps; fold {best_s * 1e3:.0f} ms "
@@ -84,6 +95,7 @@ def main() -> None:
         print(f"  {name:18s} {counts[name]:8,d} events {spent_s * 1e3:8.1f} ms "
               f"{spent_s / counts[name] * 1e6:8.1f} us each")
     _per_step(events, each_s)
+    print(f"the cyclic GC's collections during that pass, by generation: {collections}")
 
 
 def _per_step(events: list[Event], each_s: list[float]) -> None:

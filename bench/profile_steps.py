@@ -39,8 +39,8 @@ says who paid. The package is only where allocating happened at that
 moment, not who made the collection due: CPython counts allocations minus
 frees of GC objects, so an object freed soon after it is made adds nothing,
 and what brings collections on is objects kept (taking the core's busiest
-allocator out of ``blockindex`` left a replay's 12 collections at 12 and
-moved its samples to other lines, bench/README.md, stop 23).
+allocator out of ``blockindex`` left the core's 14 collections over a
+replayed log at 14, bench/README.md, stop 23).
 
 And the mean over every step, which compares arms whose steps rank differently.
 """
