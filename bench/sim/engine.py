@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -311,6 +311,14 @@ class _Arrivals:
 
 
 # ---------------------------------------------------------------------------------------
+
+
+class _Retired(NamedTuple):
+    """What the simulator keeps of a finished request. Keeping the whole ``Request``
+    kept every turn's token lists alive for the rest of the run, which vLLM does not,
+    and the heap's growth made every arm's young collections due more often."""
+
+    block_hashes: list[Any]
 
 
 class Sim:
@@ -634,7 +642,7 @@ class Sim:
         if fs is not None and fs >= dstep:
             return "blind_window"
         req = self.requests.get(rid)
-        if req is not None and req.status.name == "PREEMPTED":
+        if type(req) is not _Retired and req is not None and req.status.name == "PREEMPTED":
             return "preempted"
         rank = ranks.get(block_id)
         if self.arm.policy == "FIFO":
@@ -753,6 +761,9 @@ class Sim:
         for rid in done:
             self.res.finished_requests += 1
             self.arrivals.finished(rid, step)
+            # vLLM lets go of a finished Request (its token lists with it); lazy stores
+            # and the loss attribution still need its block hashes, so keep only those.
+            self.requests[rid] = _Retired(self.requests[rid].block_hashes)
 
     def _worker_output(self, so: Any, step: int) -> Any:
         """The workers' side of one step: submit this step's STOREs, finish its
