@@ -29,7 +29,16 @@ each phase:
   ``lmc lookup`` (inside ours' ``lookup``);
 * ``gc``: the cyclic collector's pauses anywhere in the step (``gc.callbacks``;
   ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
-  which land inside whichever phase allocated when a collection came due.
+  which land inside whichever phase allocated when a collection came due;
+  ``gc in the connector``: those that paused a wrapped connector call (on
+  any thread: one on the writer's holds the GIL the scheduler waits for).
+
+The same reports for the slowest 1 % ranked by connector time less its
+collections (what the p99 would be made of without the collector), and,
+over every step, the connector's p50 / p99 with and without them; then the
+100 steps around the median of each backlog bucket (buffered ops at the
+step's start: 0-99, 100-999, 1000+), which shows the per-step work that
+grows with the backlog. Steps of several ``--configs`` are pooled per arm.
 
 Then, per arm, its collections while serving (any thread) by generation:
 count, total, median and longest pause; and who came due for them: the
@@ -57,6 +66,7 @@ from collections.abc import Callable
 from typing import Any
 
 _PHASES: dict[str, float] = Counter()
+_INSIDE = [0]  # depth of wrapped connector calls (a collection there stalls the connector)
 # this step's collections: (generation, seconds, thread, allocating package)
 _PAUSES: list[tuple[int, float, str, str]] = []
 _PACKAGES = (("/offload_fsm/", "core"), ("/connector/eventlog", "log"),
@@ -70,11 +80,13 @@ def _wrap(owner: Any, name: str, phase: str) -> None:
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        _INSIDE[0] += 1
         started = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             _PHASES[phase] += time.perf_counter() - started
+            _INSIDE[0] -= 1
 
     setattr(owner, name, timed)
 
@@ -92,6 +104,8 @@ def _time_collections() -> None:
         paused = time.perf_counter() - started[0]
         _PHASES["gc"] += paused
         _PHASES[f"gc{info['generation']}"] += paused
+        if _INSIDE[0]:
+            _PHASES["gc in the connector"] += paused
         thread = "scheduler" if threading.current_thread() is threading.main_thread() \
             else "other"
         _PAUSES.append((info["generation"], paused, thread, due[0]))
@@ -113,7 +127,7 @@ def _allocator(frame: Any) -> str:
     return "other"
 
 
-def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
+def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
                         dict[str, list[tuple[int, float, str, str]]]]:
     from lmcache.integration.vllm import lmcache_mp_connector as stock
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
@@ -150,7 +164,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
         _wrap(owner, name, phase)
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
     _time_collections()
-    steps: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    steps: dict[str, list[tuple[float, dict[str, float], int]]] = {}
     pauses: dict[str, list[tuple[int, float, str, str]]] = {}
     one_step = engine.Sim._one_step
 
@@ -160,7 +174,8 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float]]]],
         one_step(self, step)
         pauses.setdefault(self.arm.name, []).extend(_PAUSES)
         if self.arm.kind != "none":  # the arms with a connector
-            steps.setdefault(self.arm.name, []).append((self.res.conn_ms[-1], dict(_PHASES)))
+            steps.setdefault(self.arm.name, []).append(
+                (self.res.conn_ms[-1], dict(_PHASES), self.res.backlog[-1]))
 
     engine.Sim._one_step = filed  # type: ignore[method-assign]
     return steps, pauses
@@ -172,15 +187,23 @@ def _wrap_static(owner: Any, name: str, phase: str) -> None:
     setattr(owner, name, staticmethod(getattr(owner, name)))
 
 
-def _report(title: str, steps: list[tuple[float, dict[str, float]]]) -> None:
+def _report(title: str, steps: list[tuple[float, dict[str, float], int]]) -> None:
     if not steps:
         return
     mean: dict[str, float] = Counter()
-    for _, phases in steps:
+    for _, phases, _ in steps:
         for phase, seconds in phases.items():
             mean[phase] += seconds * 1e3 / len(steps)
-    conn = sum(ms for ms, _ in steps) / len(steps)
+    conn = sum(ms for ms, _, _ in steps) / len(steps)
     print(f"{title}: {len(steps)} steps, connector {conn:.3f} ms a step (mean); by phase:")
+    if len(steps) > 1000:  # the whole run: what its collections add to the percentiles
+        def pct(ms: list[float], q: float) -> float:
+            return sorted(ms)[min(len(ms) - 1, int(q * len(ms)))]
+        with_gc = [ms for ms, _, _ in steps]
+        without = [ms - phases.get("gc in the connector", 0.0) * 1e3 for ms, phases, _ in steps]
+        print(f"  connector p50 / p99 ms: {pct(with_gc, 0.5):.3f} / {pct(with_gc, 0.99):.3f}; "
+              f"less the collections inside it: {pct(without, 0.5):.3f} / "
+              f"{pct(without, 0.99):.3f}")
     for phase, ms in sorted(mean.items(), key=lambda kv: -kv[1]):
         print(f"  {phase:<24} {ms:8.3f} ms")
 
@@ -218,9 +241,17 @@ def main() -> int:
         print(f"### {arm}")
         ranked = sorted(steps, key=lambda s: -s[0])
         _report("slowest 1 %", ranked[: max(1, len(ranked) // 100)])
+        calm = sorted(steps, key=lambda s: -(s[0] - s[1].get("gc in the connector", 0.0) * 1e3))
+        _report("slowest 1 % less the collections inside the connector",
+                calm[: max(1, len(calm) // 100)])
         middle = len(ranked) // 2
         _report("100 steps around the median", ranked[max(0, middle - 50) : middle + 50])
         _report("every step", ranked)
+        for low, high in ((0, 99), (100, 999), (1000, None)):
+            bucket = [s for s in ranked if s[2] >= low and (high is None or s[2] <= high)]
+            middle = len(bucket) // 2
+            _report(f"backlog {low}-{high or ''}: 100 steps around its median",
+                    bucket[max(0, middle - 50) : middle + 50])
     return status
 
 

@@ -44,6 +44,8 @@ def arms(log_dir: str) -> list[ArmSpec]:
                                               ("lmcache.mp.lazy_offload_select_count", 10))),
         ArmSpec("ours EA", "ours", (LAZY, ea, log)),
         ArmSpec("ours EA (log off)", "ours", (LAZY, ea, ("lmcache.mp.lazy_offload_log_dir", ""))),
+        ArmSpec("ours EA (a read a round)", "ours",
+                (LAZY, ea, log, ("lmcache.mp.lazy_offload_cascade_lookahead_blocks", 0))),
         ArmSpec("ours FIFO 20/10", "ours", (LAZY, fifo, log,
                                             ("lmcache.mp.lazy_offload_threshold", 20),
                                             ("lmcache.mp.lazy_offload_select_count", 10))),

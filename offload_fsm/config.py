@@ -19,6 +19,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
 ``lmcache.mp.lazy_offload_chunk_split``        ``true``          JSON boolean (EA: ``split``)
+``lmcache.mp.lazy_offload_cascade_lookahead_blocks`` ``1024``  integer >= 0 (EA cascade read)
 ``lmcache.mp.lazy_offload_idle_flush_steps``   ``0`` (off)       integer >= 0 (tail flush)
 ``lmcache.mp.lazy_offload_shutdown_flush_s``   ``0`` (off)       finite number >= 0 (tail flush)
 =============================================  ================  ===========================
@@ -105,6 +106,11 @@ class OffloadConfig:
     # its chunk prefix that fits (``offload_fsm.split``) instead of waiting
     # whole. Off only to replay logs recorded before the rule existed.
     chunk_split: bool = True
+    # EVICTION_AWARE: a pin-cascade re-read takes this many free-queue blocks
+    # beyond the danger depth, so the rounds after it plan from what it read
+    # instead of reading again (``eviction_aware``). 0: one read per round, as
+    # logs recorded before the key existed replay.
+    cascade_lookahead_blocks: int = 1024
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -136,6 +142,7 @@ class OffloadConfig:
             f"{PREFIX}_idle_flush_steps": self.idle_flush_steps,
             f"{PREFIX}_shutdown_flush_s": self.shutdown_flush_s,
             f"{PREFIX}_chunk_split": self.chunk_split,
+            f"{PREFIX}_cascade_lookahead_blocks": self.cascade_lookahead_blocks,
         }
 
 
@@ -249,6 +256,10 @@ _PARSERS[f"{PREFIX}_shutdown_flush_s"] = (
 )
 
 _PARSERS[f"{PREFIX}_chunk_split"] = ("chunk_split", _bool)
+_PARSERS[f"{PREFIX}_cascade_lookahead_blocks"] = (
+    "cascade_lookahead_blocks",
+    lambda k, v: _integer(k, v, minimum=0, allowed="an integer >= 0 (0: read once a round)"),
+)
 
 # Keys a log header may lack because it was recorded before they existed: the
 # value that reproduces the recorder's behaviour then.
@@ -257,6 +268,7 @@ _BEFORE_THEY_EXISTED: dict[str, object] = {
     f"{PREFIX}_idle_flush_steps": 0,
     f"{PREFIX}_shutdown_flush_s": 0.0,
     f"{PREFIX}_chunk_split": False,
+    f"{PREFIX}_cascade_lookahead_blocks": 0,
 }
 
 KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)

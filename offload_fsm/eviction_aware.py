@@ -28,7 +28,13 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
 * The *pin cascade*: selections made from the window pin window blocks,
   which pulls blocks from beyond ``D`` into it; the core asks for the window
   again (``ReadFreeQueue``) and plans over the newly visible blocks
-  (``FreeQueueRead``), until nothing new is pinned or the cap is spent.
+  (``FreeQueueRead``), until nothing new is pinned or the cap is spent. The
+  read goes ``cascade_lookahead_blocks`` beyond ``D``: it is a prefix of the
+  free queue, protecting a block only takes it out, and a released block
+  rejoins at the tail, so while at least ``D`` of the read's blocks are still
+  unprotected the next round's window is their first ``D``, and the rounds
+  go on from the read without another (decided as one read a round would
+  decide; 0 reads once a round, as logs recorded before the key existed).
 * The *pin budget* (``ea_planner``) keeps the running requests' reserve free.
 
 Content dedup (``dedup``) trims chunks another batch stored, stores again
@@ -92,40 +98,54 @@ def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
         state, ctx, owned, reason=SelectReason.WINDOW, with_shielded=True, overdue=overdue
     )
     apply_plan(state, plan, scope)
-    _maybe_cascade(state, ctx, plan, scope)
+    _cascade(state, ctx, plan, window, scope)
 
 
 def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
-    """The cascade round: plan over the blocks this step's pins pulled in."""
+    """The cascade's rounds over the blocks this step's pins pulled in."""
     ctx = state.context
     if not state.awaiting_queue or ctx is None:
         raise InvalidEvent(event.TAG, None, "no free-queue read was requested")
-    if len(event.window_block_ids) > ctx.depth_blocks:
+    read = event.window_block_ids
+    if len(read) > ctx.read_depth_blocks:
         raise InvalidEvent(
             event.TAG, None,
-            f"free-queue read returned {len(event.window_block_ids)} blocks, "
-            f"more than the {ctx.depth_blocks} asked for",
+            f"free-queue read returned {len(read)} blocks, "
+            f"more than the {ctx.read_depth_blocks} asked for",
         )
     state.awaiting_queue = False
-    window = event.window_block_ids
-    state.counters[Counter.WINDOW_BLOCKS_READ] += len(window)
-    # Filtered in C; Python walks the window only if it shows new buffered blocks.
-    fresh = set(filterfalse(ctx.window_seen.__contains__, window))
-    ctx.window_seen.update(fresh)
-    owned = state.owners.keys() & fresh
-    ranked = list(compress(enumerate(window), map(owned.__contains__, window))) if owned else []
-    plan = plan_eviction_aware(
-        state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
-    )
-    apply_plan(state, plan, scope)
-    _maybe_cascade(state, ctx, plan, scope)
+    state.counters[Counter.WINDOW_BLOCKS_READ] += len(read)
+    _cascade(state, ctx, None, read, scope)
 
 
-def _maybe_cascade(state: State, ctx: StepContext, plan: Plan, scope: Scope) -> None:
-    ctx.window_pinned_blocks += plan.window_pinned_blocks
-    if plan.window_pinned_blocks and ctx.ops_left > 0 and ctx.depth_blocks > 0:
-        scope.commands.append(ReadFreeQueue(depth_blocks=ctx.depth_blocks))
-        state.awaiting_queue = True
+def _cascade(
+    state: State, ctx: StepContext, plan: Plan | None, read: Sequence[int], scope: Scope
+) -> None:
+    """Rounds over ``read`` (a prefix of the free queue as read, the last
+    plan's pins not yet taken out) while it shows the whole next window;
+    then a new read when another round is due (module docstring)."""
+    lookahead = state.config.cascade_lookahead_blocks
+    while True:
+        if plan is not None:
+            ctx.window_pinned_blocks += plan.window_pinned_blocks
+            if not (plan.window_pinned_blocks and ctx.ops_left > 0 and ctx.depth_blocks > 0):
+                return
+            read = tuple(filterfalse(state.pins.__contains__, read)) if lookahead else ()
+            if len(read) < ctx.depth_blocks:
+                ctx.read_depth_blocks = ctx.depth_blocks + lookahead
+                scope.commands.append(ReadFreeQueue(depth_blocks=ctx.read_depth_blocks))
+                state.awaiting_queue = True
+                return
+        window = read[: ctx.depth_blocks]
+        # Filtered in C; Python walks the window only if it shows new buffered blocks.
+        fresh = set(filterfalse(ctx.window_seen.__contains__, window))
+        ctx.window_seen.update(fresh)
+        owned = state.owners.keys() & fresh
+        ranked = list(compress(enumerate(window), map(owned.__contains__, window))) if owned else []
+        plan = plan_eviction_aware(
+            state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
+        )
+        apply_plan(state, plan, scope)
 
 
 def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scope) -> None:

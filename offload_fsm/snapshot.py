@@ -32,7 +32,9 @@ reuse replaced. Each such object is encoded once, in a table of its class
 (in the order the walk first meets it), and every reference is its index
 there; decoding allocates every table entry first and fills the fields
 after, so the rebuilt graph has the same sharing as the original. Other
-attrs classes (``StepContext``) are owned by one field and encoded inline.
+attrs classes (``StepContext``) are owned by one field and encoded inline,
+without names: their fields are only ever appended, and a record written
+before one existed decodes with its default.
 ``config`` is not encoded: the file header carries it, and ``from_wire``
 takes it; nor are ``state.DERIVED``, which ``from_wire`` rebuilds.
 
@@ -230,8 +232,12 @@ class _Record:
         return tuple(listed)
 
     def decode(self, data: Any, decoding: Decoding) -> Any:
+        """An inline record (its names are not on the wire). Fields are only
+        appended to an inline class, so a shorter record is a record of its
+        leading fields, written before the rest existed (they take their
+        defaults)."""
         obj = object.__new__(self.cls)
-        self.fill(obj, data, self.names, decoding)
+        self.fill(obj, data, self.names[: len(data)], decoding)
         return obj
 
     def fill(self, obj: Any, data: Any, names: tuple[str, ...], decoding: Decoding) -> None:

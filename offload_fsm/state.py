@@ -152,6 +152,7 @@ class StepContext:
     depth_blocks: int
     window_seen: set[int]
     window_pinned_blocks: int = 0
+    read_depth_blocks: int = 0  # what the outstanding ``ReadFreeQueue`` asked for
 
 
 @attrs.define(slots=True, eq=False)

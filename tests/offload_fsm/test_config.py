@@ -303,6 +303,27 @@ def test_chunk_split_is_on_and_logs_recorded_before_it_replay_with_it_off() -> N
     assert parse_recorded_config(wire).chunk_split is False
 
 
+def test_cascade_lookahead_is_on_and_logs_recorded_before_it_replay_with_one_read_a_round(
+) -> None:
+    from offload_fsm.config import parse_recorded_config
+
+    key = f"{P}_cascade_lookahead_blocks"
+    assert parse_config({}).cascade_lookahead_blocks == 1024
+    assert parse_config({key: "0"}).cascade_lookahead_blocks == 0
+    wire = OffloadConfig(enabled=True, cascade_lookahead_blocks=7).to_wire()
+    assert parse_recorded_config(wire).cascade_lookahead_blocks == 7
+    del wire[key]
+    assert parse_recorded_config(wire).cascade_lookahead_blocks == 0
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "many", True])
+def test_a_bad_cascade_lookahead_names_key_value_and_allowed(value: object) -> None:
+    key = f"{P}_cascade_lookahead_blocks"
+    with pytest.raises(ConfigError) as raised:
+        parse_config({key: value})
+    assert raised.value.key == key and "an integer >= 0" in str(raised.value)
+
+
 @pytest.mark.parametrize("value", ["true", 1, None])
 def test_a_bad_chunk_split_value_names_key_value_and_allowed(value: object) -> None:
     key = f"{P}_chunk_split"

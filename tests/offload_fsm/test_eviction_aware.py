@@ -7,6 +7,7 @@ Blocks of a finished request sit in the scripted free queue ``h.queue``
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from offload_fsm.commands import (
@@ -17,6 +18,7 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
+from offload_fsm.counters import Counter
 from offload_fsm.decisions import (
     DropCause,
     HoldReason,
@@ -34,6 +36,7 @@ from offload_fsm.events import FreeQueueRead
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import window_depth
 from offload_fsm.state import holders
+from offload_fsm.testing.synthetic import default_config, run_workload
 
 from .helpers import Harness, ea
 
@@ -419,8 +422,14 @@ def test_overdue_request_with_a_batch_in_flight_waits() -> None:
 # -- the pin cascade ------------------------------------------------------------
 
 
-def test_pin_cascade_rereads_the_window_and_selects_newly_visible_blocks() -> None:
-    h = harness(horizon_steps=2.0)
+@pytest.mark.parametrize(("lookahead", "depths"), [
+    (0, [4, 4]),  # a read after a's pins, and one after b's
+    (1024, [4 + 1024]),  # one read: after b's pins it still shows a whole window
+])
+def test_pin_cascade_rereads_the_window_and_selects_newly_visible_blocks(
+    lookahead: int, depths: list[int]
+) -> None:
+    h = harness(horizon_steps=2.0, cascade_lookahead_blocks=lookahead)
     a = finished(h, "a")
     b = finished(h, "b")
     place(h, 0, *a)  # window (D=4): a0 a1 f0 f1
@@ -430,14 +439,62 @@ def test_pin_cascade_rereads_the_window_and_selects_newly_visible_blocks() -> No
     assert selections(step) == [("a", 0, 64, SelectReason.WINDOW, 0),
                                 ("b", 0, 64, SelectReason.CASCADE, 2)]
     reads = step.of(ReadFreeQueue)
-    assert [r.depth_blocks for r in reads] == [4, 4]  # after a's pins, after b's pins
+    assert [r.depth_blocks for r in reads] == depths
     answers = step.of(FreeQueueRead)
-    assert answers[0].window_block_ids == (FILLER[0], FILLER[1], *b)
+    assert answers[0].window_block_ids[:4] == (FILLER[0], FILLER[1], *b)
     assert [c.req_id for c in step.of(SubmitStore)] == ["a", "b"]
     assert h.state.counters["selected_cascade_ops"] == 1
     # The read comes after the protections it accounts for.
     commands = step.commands
     assert commands.index(reads[0]) > commands.index(step.of(ProtectBlocks)[0])
+
+
+def test_cascade_rounds_go_on_from_one_read_and_read_again_when_it_runs_short() -> None:
+    # a's pins pull b into the window, b's pull c in, c's pull d in: three cascade
+    # rounds. A read 5 blocks past D=4 shows 9 blocks: it has room for b's and c's
+    # pins (the window after them is still in it), not for d's round.
+    h = harness(horizon_steps=2.0, cascade_lookahead_blocks=5)
+    a, b, c, d = (finished(h, name) for name in "abcd")
+    place(h, 0, *a)  # a0 a1 f0 f1 | b0 b1 c0 c1 d0 d1 f2 ...
+    place(h, 4, *b, *c, *d)
+    step = h.tick(allocated=2)
+    assert [(req, reason) for req, _, _, reason, _ in selections(step)] == [
+        ("a", SelectReason.WINDOW), ("b", SelectReason.CASCADE),
+        ("c", SelectReason.CASCADE), ("d", SelectReason.CASCADE)]
+    assert [r.depth_blocks for r in step.of(ReadFreeQueue)] == [9, 9]
+    first, second = step.of(FreeQueueRead)
+    assert first.window_block_ids == (FILLER[0], FILLER[1], *b, *c, *d, FILLER[2])
+    assert second.window_block_ids[:4] == (*FILLER[:2], *FILLER[2:4])
+    assert h.state.counters["selected_cascade_ops"] == 3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cascade_decides_the_same_with_any_lookahead(seed: int) -> None:
+    """A read past D changes how often the free queue is read, not what is
+    decided: the same selections in the same order, and the same decisions
+    overall (a batch's hash check now answers after the rounds of its read,
+    not between them)."""
+    def decisions(lookahead: int) -> tuple[list[object], int, dict[object, int]]:
+        config = attrs.evolve(default_config(), max_drain_per_step=64,
+                              cascade_lookahead_blocks=lookahead)
+        world = run_workload(requests=60, seed=seed, config=config, pool_blocks=200,
+                             concurrency=6, max_chunks=8)
+        made = [d for _, outcome in world.applied for d in outcome.decisions]
+        made = [d for d in made if isinstance(d, OpsSelected)] + sorted(map(repr, made))
+        reads = sum(isinstance(event, FreeQueueRead) for event, _ in world.applied)
+        counters = {k: v for k, v in world.state.counters.items()
+                    if k is not Counter.WINDOW_BLOCKS_READ}
+        return made, reads, counters
+    once, reads_once, counters_once = decisions(0)
+    assert reads_once > 0, "the workload has no cascade to compare"
+    fewer = []
+    for lookahead in (2, 64):
+        made, reads, counters = decisions(lookahead)
+        assert made == once
+        assert counters == counters_once
+        assert reads <= reads_once
+        fewer.append(reads < reads_once)
+    assert fewer[-1], "a read 64 blocks deep never saved one"
 
 
 def test_no_cascade_when_no_window_block_was_pinned() -> None:
