@@ -225,7 +225,7 @@ def _fit(
         holds=tuple(holds),
         ops_used=ctx.ops_left - ops_left,
         headroom_used_blocks=ctx.pin_headroom_blocks - headroom,
-        window_pinned_blocks=len(window_pinned),
+        window_pinned=frozenset(window_pinned),
     )
 
 

@@ -121,27 +121,51 @@ def on_queue_read(state: State, event: FreeQueueRead, scope: Scope) -> None:
 def _cascade(
     state: State, ctx: StepContext, plan: Plan | None, read: Sequence[int], scope: Scope
 ) -> None:
-    """Rounds over ``read`` (a prefix of the free queue as read, the last
-    plan's pins not yet taken out) while it shows the whole next window;
-    then a new read when another round is due (module docstring)."""
-    lookahead = state.config.cascade_lookahead_blocks
+    """Rounds over ``read`` (a prefix of the free queue; ``plan``, when given,
+    the round just planned on its first ``D``) while it shows the whole next
+    window, then a new read when another round is due (module docstring).
+
+    Work per round is what changed: the window drops the blocks the last
+    round pinned and takes the next unprotected blocks of the read (those
+    are new, and rank last); only a new read's window is compared whole
+    with the blocks seen."""
+    lookahead, depth, pins = state.config.cascade_lookahead_blocks, ctx.depth_blocks, state.pins
+    window = dict.fromkeys(read[:depth])  # a read holds no protected block
+    cursor = len(window)
+    entered: list[int] | None = None  # None: a new read's whole window is to compare
     while True:
         if plan is not None:
-            ctx.window_pinned_blocks += plan.window_pinned_blocks
-            if not (plan.window_pinned_blocks and ctx.ops_left > 0 and ctx.depth_blocks > 0):
+            ctx.window_pinned_blocks += len(plan.window_pinned)
+            if not (plan.window_pinned and ctx.ops_left > 0 and depth > 0):
                 return
-            read = tuple(filterfalse(state.pins.__contains__, read)) if lookahead else ()
-            if len(read) < ctx.depth_blocks:
-                ctx.read_depth_blocks = ctx.depth_blocks + lookahead
+            entered = []
+            if lookahead:
+                for block in plan.window_pinned:
+                    if block in pins:  # planned, and protected (dedup may trim a pick)
+                        window.pop(block, None)
+                while len(window) < depth and cursor < len(read):
+                    block = read[cursor]
+                    cursor += 1
+                    if block not in pins:
+                        window[block] = None
+                        entered.append(block)
+            if not lookahead or len(window) < depth:
+                ctx.read_depth_blocks = depth + lookahead
                 scope.commands.append(ReadFreeQueue(depth_blocks=ctx.read_depth_blocks))
                 state.awaiting_queue = True
                 return
-        window = read[: ctx.depth_blocks]
-        # Filtered in C; Python walks the window only if it shows new buffered blocks.
-        fresh = set(filterfalse(ctx.window_seen.__contains__, window))
-        ctx.window_seen.update(fresh)
-        owned = state.owners.keys() & fresh
-        ranked = list(compress(enumerate(window), map(owned.__contains__, window))) if owned else []
+        seen, owners = ctx.window_seen, state.owners
+        if entered is None:  # filtered in C; Python walks only new buffered blocks
+            fresh = set(filterfalse(seen.__contains__, window))
+            owned = owners.keys() & fresh
+            ranked = list(compress(enumerate(window), map(owned.__contains__, window))) \
+                if owned else []
+        else:  # the entered blocks fill the window's end
+            fresh = set(filterfalse(seen.__contains__, entered))
+            first = depth - len(entered)
+            ranked = [(first + i, block) for i, block in enumerate(entered)
+                      if block in fresh and block in owners]
+        seen.update(fresh)
         plan = plan_eviction_aware(
             state, ctx, ranked, reason=SelectReason.CASCADE, with_shielded=False, overdue=()
         )

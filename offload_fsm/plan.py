@@ -47,7 +47,7 @@ class Plan:
     holds: tuple[Hold, ...] = ()
     ops_used: int = 0
     headroom_used_blocks: int = 0
-    window_pinned_blocks: int = 0
+    window_pinned: frozenset[int] = frozenset()  # window blocks its picks protect
 
 
 NO_PLAN: Final = Plan(picks=())

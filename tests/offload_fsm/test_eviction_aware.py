@@ -468,6 +468,34 @@ def test_cascade_rounds_go_on_from_one_read_and_read_again_when_it_runs_short() 
     assert h.state.counters["selected_cascade_ops"] == 3
 
 
+@pytest.mark.parametrize("lookahead", [0, 1024])
+def test_a_planned_block_dedup_leaves_unprotected_stays_in_the_window(lookahead: int) -> None:
+    # b's pick plans blocks 2 and 3; 2's content is stored, so dedup trims it and only
+    # 3 is protected. 2 stays in the free queue: the next window is F0 F1 2 F2, and c
+    # (behind F2) is not in it, read again or not.
+    h = harness(horizon_steps=2.0, cascade_lookahead_blocks=lookahead)
+    h.arrive("a", "b", "c", "x")
+
+    def offer(req_id: str, blocks: tuple[int, int], hashes: tuple[int, int]) -> None:
+        h.hashes.update(zip(blocks, hashes, strict=True))
+        h.offer(req_id, blocks=blocks, hashes=hashes, tokens=64, blocks_per_chunk=1)
+
+    offer("a", (0, 1), (101, 102))
+    h.queue = [0, 1]
+    h.tick(allocated=1, next_blocks=1, requests=0)
+    h.complete("a")  # content 101 is stored
+    offer("x", (6, 7), (106, 107))
+    offer("b", (2, 3), (101, 103))
+    offer("c", (4, 5), (104, 105))
+    h.finish("x", "b", "c")
+    h.queue = [6, 7, FILLER[0], FILLER[1], 2, 3, FILLER[2], 4, 5, *FILLER[3:]]
+    step = h.tick(allocated=1, next_blocks=2, requests=0)
+    assert h.state.depth_blocks == 4
+    assert [(d.req_id, d.reason, d.rank) for d in step.of(OpsSelected)] == [
+        ("x", SelectReason.WINDOW, 0), ("b", SelectReason.CASCADE, 2)]
+    assert [(d.req_id, d.cause) for d in step.of(OpsDropped)] == [("b", DropCause.DUPLICATE)]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_cascade_decides_the_same_with_any_lookahead(seed: int) -> None:
     """A read past D changes how often the free queue is read, not what is
