@@ -29,12 +29,14 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   which pulls blocks from beyond ``D`` into it; the core asks for the window
   again (``ReadFreeQueue``) and plans over the newly visible blocks
   (``FreeQueueRead``), until nothing new is pinned or the cap is spent. The
-  read goes ``cascade_lookahead_blocks`` beyond ``D``: it is a prefix of the
-  free queue, protecting a block only takes it out, and a released block
-  rejoins at the tail, so while at least ``D`` of the read's blocks are still
-  unprotected the next round's window is their first ``D``, and the rounds
-  go on from the read without another (decided as one read a round would
-  decide; 0 reads once a round, as logs recorded before the key existed).
+  read goes ``cascade_lookahead_blocks`` beyond ``D``, and no further than
+  the step's pin headroom left (the rounds after it cannot protect more of
+  the queue's blocks than that): it is a prefix of the free queue,
+  protecting a block only takes it out, and a released block rejoins at the
+  tail, so while at least ``D`` of the read's blocks are still unprotected
+  the next round's window is their first ``D``, and the rounds go on from
+  the read without another (decided as one read a round would decide; 0
+  reads once a round, as logs recorded before the key existed).
 * The *pin budget* (``ea_planner``) keeps the running requests' reserve free.
 
 Content dedup (``dedup``) trims chunks another batch stored, stores again
@@ -150,7 +152,8 @@ def _cascade(
                         window[block] = None
                         entered.append(block)
             if not lookahead or len(window) < depth:
-                ctx.read_depth_blocks = depth + lookahead
+                # The rounds after a read protect at most the headroom left of its blocks.
+                ctx.read_depth_blocks = depth + min(lookahead, ctx.pin_headroom_blocks)
                 scope.commands.append(ReadFreeQueue(depth_blocks=ctx.read_depth_blocks))
                 state.awaiting_queue = True
                 return

@@ -424,7 +424,11 @@ def test_overdue_request_with_a_batch_in_flight_waits() -> None:
 
 @pytest.mark.parametrize(("lookahead", "depths"), [
     (0, [4, 4]),  # a read after a's pins, and one after b's
-    (1024, [4 + 1024]),  # one read: after b's pins it still shows a whole window
+    # One read, after b's pins it still shows a whole window. It goes past D=4 by the
+    # 98 blocks of pin headroom a's pins left (the step's budget: at most that many
+    # more queued blocks can be protected), not by the 1024 allowed.
+    (1024, [4 + 98]),
+    (20, [4 + 20]),
 ])
 def test_pin_cascade_rereads_the_window_and_selects_newly_visible_blocks(
     lookahead: int, depths: list[int]
