@@ -197,13 +197,13 @@ def _report(title: str, steps: list[tuple[float, dict[str, float], int]]) -> Non
     conn = sum(ms for ms, _, _ in steps) / len(steps)
     print(f"{title}: {len(steps)} steps, connector {conn:.3f} ms a step (mean); by phase:")
     if len(steps) > 1000:  # the whole run: what its collections add to the percentiles
-        def pct(ms: list[float], q: float) -> float:
-            return sorted(ms)[min(len(ms) - 1, int(q * len(ms)))]
+        from bench.sim.engine import _pctl  # the tables' percentile
+
         with_gc = [ms for ms, _, _ in steps]
         without = [ms - phases.get("gc in the connector", 0.0) * 1e3 for ms, phases, _ in steps]
-        print(f"  connector p50 / p99 ms: {pct(with_gc, 0.5):.3f} / {pct(with_gc, 0.99):.3f}; "
-              f"less the collections inside it: {pct(without, 0.5):.3f} / "
-              f"{pct(without, 0.99):.3f}")
+        print(f"  connector p50 / p99 ms: {_pctl(with_gc, 0.5):.3f} / "
+              f"{_pctl(with_gc, 0.99):.3f}; less the collections inside it: "
+              f"{_pctl(without, 0.5):.3f} / {_pctl(without, 0.99):.3f}")
     for phase, ms in sorted(mean.items(), key=lambda kv: -kv[1]):
         print(f"  {phase:<24} {ms:8.3f} ms")
 
