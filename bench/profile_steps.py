@@ -52,12 +52,28 @@ allocator out of ``blockindex`` left the core's 14 collections over a
 replayed log at 14, bench/README.md, stop 23).
 
 And the mean over every step, which compares arms whose steps rank differently.
+
+Two comparisons that hold the step fixed:
+
+* ``same step``: each arm against the first connector arm given (put ``stock
+  eager`` first) step by step, when both ran the same number of steps (the
+  same trace scheduled alike): the median and p99 of the per-step extra, and
+  per phase the mean and median of the extra. The ratio of two arms' medians
+  mixes steps that rank differently; the median extra does not.
+* ``in the serving loop vs a hot fold``: per event type, the mean time of
+  ``offload_fsm.machine.step`` as the connector's ``drive`` called it while
+  serving, beside the same events folded again from a fresh state right after
+  the run (best of 3, nothing else running between events). Same code, same
+  events, same decisions: the ratio is what the serving loop's surroundings
+  (vLLM's and LMCache's work between our calls, the model's time) do to the
+  core's own work.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import sys
 import threading
 import time
@@ -73,6 +89,14 @@ _PACKAGES = (("/offload_fsm/", "core"), ("/connector/eventlog", "log"),
              ("/connector/recording", "log"), ("/connector/", "connector"),
              ("/lmcache/", "lmcache"), ("/vllm/", "vllm"), ("/bench/", "simulator"))
 _BY_MODULE = frozenset(("core", "log", "connector"))  # named down to the module
+# the arm serving now, and each arm's events applied by the core, in order:
+# (event, seconds, seconds less the collections in them, config, world size);
+# its shutdown's come after its last step
+_RUNS = itertools.count()
+_SERVING: list[tuple[str, int]] = [("", -1)]
+_ARM_EVENTS: dict[tuple[str, int], list[tuple[Any, float, float, Any, int]]] = {}
+_UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
+_PAUSED_S = [0.0]  # the collections' pauses so far (any thread)
 
 
 def _wrap(owner: Any, name: str, phase: str) -> None:
@@ -98,10 +122,14 @@ def _time_collections() -> None:
 
     def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            due[0] = _allocator(sys._getframe(1))
+            try:
+                due[0] = _allocator(sys._getframe(1))
+            except ValueError:  # no Python frame under the collection
+                due[0] = "other"
             started[0] = time.perf_counter()
             return
         paused = time.perf_counter() - started[0]
+        _PAUSED_S[0] += paused
         _PHASES["gc"] += paused
         _PHASES[f"gc{info['generation']}"] += paused
         if _INSIDE[0]:
@@ -163,12 +191,15 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     ):
         _wrap(owner, name, phase)
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
+    _time_events()
     _time_collections()
     steps: dict[str, list[tuple[float, dict[str, float], int]]] = {}
     pauses: dict[str, list[tuple[int, float, str, str]]] = {}
     one_step = engine.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
+        run = self.__dict__.setdefault("_profile_run", next(_RUNS))
+        _SERVING[0] = (self.arm.name, run)  # the core's events until the next run's are its own
         _PHASES.clear()
         _PAUSES.clear()
         one_step(self, step)
@@ -179,6 +210,27 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
 
     engine.Sim._one_step = filed  # type: ignore[method-assign]
     return steps, pauses
+
+
+def _time_events() -> None:
+    """Time each event ``offload_fsm.machine.step`` applies for ``drive`` (the
+    connector's only caller while serving) and keep it, with the state's
+    config, for :func:`_report_fold`."""
+    from offload_fsm import machine
+
+    original = _UNTIMED_STEP[0] = machine.step
+
+    def timed(state: Any, event: Any) -> Any:
+        paused, started = _PAUSED_S[0], time.perf_counter()
+        try:
+            return original(state, event)
+        finally:
+            spent = time.perf_counter() - started
+            _ARM_EVENTS.setdefault(_SERVING[0], []).append(
+                (event, spent, spent - (_PAUSED_S[0] - paused), state.config,
+                 state.world_size))
+
+    machine.step = timed
 
 
 def _wrap_static(owner: Any, name: str, phase: str) -> None:
@@ -230,6 +282,88 @@ def _report_collections(pauses: dict[str, list[tuple[int, float, str, str]]]) ->
                                          for (t, p), ms in cells) + " |")
 
 
+def _report_same_step(by_arm: dict[str, list[tuple[float, dict[str, float], int]]]) -> None:
+    """Each arm against the first, step by step (module docstring)."""
+    from bench.sim.engine import _pctl
+
+    names = list(by_arm)
+    if len(names) < 2:
+        return
+    base = by_arm[names[0]]
+    print(f"\n## the same step: each arm against {names[0]} (ms)")
+    for name in names[1:]:
+        steps = by_arm[name]
+        if len(steps) != len(base):
+            print(f"{name}: {len(steps)} steps against {len(base)}, not step for step")
+            continue
+        extra = [ms - base_ms for (ms, _, _), (base_ms, _, _) in zip(steps, base, strict=True)]
+        print(f"### {name}: extra per step p50 {_pctl(extra, 0.5):.3f}, p99 "
+              f"{_pctl(extra, 0.99):.3f}; medians {_pctl([s[0] for s in base], 0.5):.3f} -> "
+              f"{_pctl([s[0] for s in steps], 0.5):.3f}")
+        phases = sorted({phase for _, ph, _ in steps + base for phase in ph})
+        rows = []
+        for phase in phases:
+            diff = [ph.get(phase, 0.0) * 1e3 - base_ph.get(phase, 0.0) * 1e3
+                    for (_, ph, _), (_, base_ph, _) in zip(steps, base, strict=True)]
+            rows.append((sum(diff) / len(diff), _pctl(diff, 0.5), phase))
+        print("  phase                    mean extra  median extra")
+        for mean, median, phase in sorted(rows, reverse=True):
+            if abs(mean) >= 0.001 or abs(median) >= 0.001:
+                print(f"  {phase:<24} {mean:10.3f} {median:13.3f}")
+
+
+def _report_fold(events_by_run: dict[tuple[str, int], list[tuple[Any, float, float, Any, int]]]
+                 ) -> None:
+    """Per event type: the core's ``step`` in the serving loop vs the same
+    events folded again, hot (module docstring); an arm's runs (rounds,
+    configs) are folded each from a fresh state and summed."""
+    from offload_fsm.state import new_state
+
+    step = _UNTIMED_STEP[0]
+    by_arm: dict[str, list[list[tuple[Any, float, float, Any, int]]]] = {}
+    for (arm, _), applied in events_by_run.items():
+        by_arm.setdefault(arm, []).append(applied)
+    for arm, runs in by_arm.items():
+        best: dict[str, float] = Counter()
+        serving: dict[str, float] = Counter()
+        counts: Counter[str] = Counter()
+        calm: dict[str, float] = Counter()
+        for applied in runs:
+            config, world_size = applied[0][3], applied[0][4]
+            fastest: dict[str, float] | None = None
+            for _ in range(3):
+                state = new_state(config, world_size=world_size)
+                spent: dict[str, float] = Counter()
+                for event, _, _, _, _ in applied:
+                    started = time.perf_counter()
+                    step(state, event)
+                    spent[type(event).__name__] += time.perf_counter() - started
+                if fastest is None or sum(spent.values()) < sum(fastest.values()):
+                    fastest = spent
+            assert fastest is not None
+            for name, seconds in fastest.items():
+                best[name] += seconds
+            for event, seconds, without, _, _ in applied:
+                serving[type(event).__name__] += seconds
+                calm[type(event).__name__] += without
+                counts[type(event).__name__] += 1
+        applied = [item for run in runs for item in run]
+        print(f"\n## {arm}: the core's step in the serving loop vs a hot fold of the same "
+              f"events ({len(runs)} run(s); us each; fold best of 3)")
+        print("| event | count | serving | less collections | hot fold | ratio (less "
+              "collections) |\n|---|---|---|---|---|---|")
+        for name in sorted(serving, key=lambda n: -serving[n]):
+            hot, n = best.get(name, 0.0), counts[name]
+            ratio = f"{serving[name] / hot:.1f} ({calm[name] / hot:.1f})" if hot else "-"
+            print(f"| {name} | {n} | {serving[name] / n * 1e6:.1f} | "
+                  f"{calm[name] / n * 1e6:.1f} | {hot / n * 1e6:.1f} | {ratio} |")
+        total, total_calm, total_hot = (sum(serving.values()), sum(calm.values()),
+                                        sum(best.values()))
+        print(f"| all (ms) | {len(applied)} | {total * 1e3:.1f} | {total_calm * 1e3:.1f} | "
+              f"{total_hot * 1e3:.1f} | {total / total_hot:.1f} "
+              f"({total_calm / total_hot:.1f}) |")
+
+
 def main() -> int:
     from bench import simulate
 
@@ -252,6 +386,8 @@ def main() -> int:
             middle = len(bucket) // 2
             _report(f"backlog {low}-{high or ''}: 100 steps around its median",
                     bucket[max(0, middle - 50) : middle + 50])
+    _report_same_step(by_arm)
+    _report_fold(_ARM_EVENTS)
     return status
 
 

@@ -110,8 +110,46 @@ def request_phase(state: State, req_id: str) -> RequestPhase:
     return RequestPhase.FINISHED if rec.phase is Phase.FINISHED else RequestPhase.ACTIVE
 
 
+# The tables above, keyed for the legal case (derived here, never edited):
+# event type -> the machine phase that accepts it, and for request-scoped
+# types, request phase -> reason (None: legal).
+_ACCEPTED_IN: Final[dict[type, MachinePhase]] = {
+    event_type: phase for phase, types in MACHINE_LEGAL.items() for event_type in types
+}
+_REQUEST_REASONS: Final[dict[type, dict[RequestPhase, str | None]]] = {
+    event_type: {phase: reason for (of, phase), reason in REQUEST_LEGAL.items() if of is event_type}
+    for event_type, _ in REQUEST_LEGAL
+}
+
+
 def check(state: State, event: Event) -> None:
-    """Raise unless the tables allow ``event`` now; writes nothing."""
+    """Raise unless the tables allow ``event`` now; writes nothing.
+
+    Every step asks, so the legal case is one lookup per table (the tables
+    keyed by event type above); anything else goes to :func:`_refuse`, which
+    reads the tables as written and says why."""
+    event_type = type(event)
+    open_ = not (state.awaiting_hashes or state.awaiting_queue)
+    if state.poisoned is None and _ACCEPTED_IN.get(event_type) is (
+            MachinePhase.OPEN if open_ else MachinePhase.AWAITING_ANSWERS):
+        reasons = _REQUEST_REASONS.get(event_type)
+        if reasons is None:
+            return
+        rec = state.requests.get(event.req_id)  # type: ignore[union-attr]
+        if rec is None:
+            rphase = RequestPhase.UNKNOWN
+        elif rec.phase is Phase.FINISHED:
+            rphase = RequestPhase.FINISHED
+        else:
+            rphase = RequestPhase.ACTIVE
+        if reasons.get(rphase) is None:
+            return
+    _refuse(state, event)
+
+
+def _refuse(state: State, event: Event) -> None:
+    """:func:`check` from the tables as written: raises with the reason (and
+    returns when they allow ``event``)."""
     name = type(event).__name__
     phase = machine_phase(state)
     if phase is MachinePhase.CLOSED:
