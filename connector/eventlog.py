@@ -122,7 +122,7 @@ def _one(item: object) -> int:
     return 1
 
 
-_GAP_ITEM = _Gap(0)  # stands for a gap record in a pending batch (not a caller item)
+_GAP_WEIGHT = -1  # stands for a gap record among a pending batch's weights
 
 
 class EventLogWriter:
@@ -178,7 +178,11 @@ class EventLogWriter:
         self._batchable = batchable if pack is not None else None
         self._batch_max_bytes = batch_bytes
         self._batch: list[bytes] = []  # writer thread: encoded payloads not yet written
-        self._batch_items: list[object] = []  # their items (for the loss accounting)
+        # Their items' events (``_GAP_WEIGHT``: a gap record), for the loss
+        # accounting. Not the items: a flush interval's worth of events kept
+        # alive here is what made the cyclic GC's young collections come due
+        # (bench/README.md, "Stop 25").
+        self._batch_weights: list[int] = []
         self._batch_bytes = 0
         self._pack_s = 0.0  # writer thread time in pack (compression)
 
@@ -534,12 +538,17 @@ class EventLogWriter:
             except Exception:
                 return
             is_gap = True
-        self._place(record, [item], is_gap=is_gap)
+        self._place(record, [_GAP_WEIGHT if is_gap else self._weigh(item)], is_gap=is_gap)
 
     def _drop(self, item: object, is_gap: bool) -> None:
-        if not is_gap:
+        self._lose_weight(_GAP_WEIGHT if is_gap else self._weigh(item))
+
+    def _lose_weight(self, weight: int) -> None:
+        """Count an item of ``weight`` events that will not be written (a
+        gap record, ``_GAP_WEIGHT``, counts nothing)."""
+        if weight != _GAP_WEIGHT:
             self._items_lost += 1
-            self._outage_lost += self._weigh(item)
+            self._outage_lost += weight
 
     def _add_to_batch(self, item: object, is_gap: bool) -> None:
         try:
@@ -559,9 +568,9 @@ class EventLogWriter:
                 payload = self._encode(self._make_gap(lost))
             except Exception:
                 return
-            item, is_gap = _GAP_ITEM, True
+            is_gap = True
         self._batch.append(payload)
-        self._batch_items.append(_GAP_ITEM if is_gap else item)
+        self._batch_weights.append(_GAP_WEIGHT if is_gap else self._weigh(item))
         self._batch_bytes += len(payload)
         if (self._batch_bytes >= self._batch_max_bytes
                 or self._file_bytes + self._batch_bytes >= self._max_file_bytes):
@@ -571,8 +580,8 @@ class EventLogWriter:
         """Write the pending batch as one record (see the module docstring)."""
         if not self._batch:
             return
-        payloads, items = self._batch, self._batch_items
-        self._batch, self._batch_items, self._batch_bytes = [], [], 0
+        payloads, weights = self._batch, self._batch_weights
+        self._batch, self._batch_weights, self._batch_bytes = [], [], 0
         assert self._pack is not None
         started = time.perf_counter()
         try:
@@ -581,18 +590,17 @@ class EventLogWriter:
             self._encode_errors += 1
             if not self._warned_encode:
                 self._warned_encode = True
-                self._warn(f"event log: failed to pack a batch of {len(items)}: {exc!r}")
-            for each in items:
-                if each is not _GAP_ITEM:
-                    self._items_lost += 1
+                self._warn(f"event log: failed to pack a batch of {len(weights)}: {exc!r}")
+            self._items_lost += len(weights) - weights.count(_GAP_WEIGHT)
             return
         finally:
             self._pack_s += time.perf_counter() - started
-        self._place(record, items, is_gap=False, batch=True)
+        self._place(record, weights, is_gap=False, batch=True)
 
-    def _place(self, record: bytes, items: list[object], *, is_gap: bool,
+    def _place(self, record: bytes, weights: list[int], *, is_gap: bool,
                batch: bool = False) -> None:
-        """Write ``record`` (of ``items``), rotating around it as the bounds say.
+        """Write ``record`` (of items of ``weights`` events), rotating around it
+        as the bounds say.
         A batch never starts a file it was not packed for: it goes in the
         current file, and the rotation (if due) follows it."""
         if (not batch and self._file_records
@@ -604,17 +612,15 @@ class EventLogWriter:
             else:
                 self._set_due()
             if self._broken is not None:
-                for item in items:
-                    self._drop(item, is_gap or item is _GAP_ITEM)
+                self._lose_all(weights, is_gap)
                 return
         self._write_record(record)
         if self._broken is not None:
-            for item in items:
-                self._drop(item, is_gap or item is _GAP_ITEM)
+            self._lose_all(weights, is_gap)
             return
-        gaps = 1 if is_gap else sum(1 for item in items if item is _GAP_ITEM)
+        gaps = 1 if is_gap else weights.count(_GAP_WEIGHT)
         self._gaps_written += gaps
-        self._items_written += len(items) - gaps
+        self._items_written += len(weights) - gaps
         self._file_records += 1
         if self._file_bytes >= self._max_file_bytes:
             if not self._auto_rotate:
@@ -623,6 +629,10 @@ class EventLogWriter:
                     self._plain_rotation()
             elif batch:
                 self._rotate()
+
+    def _lose_all(self, weights: list[int], is_gap: bool) -> None:
+        for weight in weights:
+            self._lose_weight(_GAP_WEIGHT if is_gap else weight)
 
     def _producer_late(self, more_bytes: int) -> bool:
         """The producer has not answered rotation_due and the file (with
@@ -770,9 +780,9 @@ class EventLogWriter:
             with contextlib.suppress(OSError):
                 f.close()  # flushing again may fail; the descriptor is closed anyway
         self._unflushed = 0
-        for item in self._batch_items:
-            self._drop(item, item is _GAP_ITEM)
-        self._batch, self._batch_items, self._batch_bytes = [], [], 0
+        for weight in self._batch_weights:
+            self._lose_weight(weight)
+        self._batch, self._batch_weights, self._batch_bytes = [], [], 0
 
     def _close_file(self) -> None:
         if self._broken is None and self._file is not None:

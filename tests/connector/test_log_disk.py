@@ -310,6 +310,36 @@ def test_a_full_disk_costs_events_and_the_log_resumes_when_space_returns(
                 err=open(os.devnull, "w")) == 3
 
 
+def test_a_pending_batch_lost_to_a_full_disk_is_counted_by_its_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer keeps a pending batch's payloads and only the event count of
+    each item (not the items): when the batch's write fails, every item is
+    lost and the gap the log resumes with counts their events exactly."""
+    disk = _FlakyDisk()
+    monkeypatch.setattr(eventlog, "_open", disk.open)
+    warnings: list[str] = []
+    writer = eventlog.EventLogWriter(
+        tmp_path, encode=lambda item: repr(item).encode(), make_header=lambda: "header",
+        make_gap=lambda lost: ("gap", lost), warn=warnings.append, prefix="t",
+        register_atexit=False, flush_interval_s=60.0, retry_interval_s=0.01,
+        pack=b"|".join, batchable=lambda item: isinstance(item, tuple),
+        item_events=lambda item: item[1] if isinstance(item, tuple) else 1)
+    disk.full = True  # the header is in; nothing after it goes out
+    for events in (3, 1, 4, 1, 5):
+        writer.append(("inputs", events))  # pending in one batch, not yet written
+    writer.append("alone")  # not batchable: closes the batch, whose write fails
+    _wait(lambda: writer.broken and writer.queue_len == 0)
+    _wait(lambda: writer.items_lost == 6)  # the batch's five items, then "alone"
+    disk.full = False
+    _wait(lambda: writer.rotation_due)
+    assert writer.rotate("first")
+    _wait(lambda: not writer.broken)
+    assert writer.close()
+    second = [x.payload for x in eventlog.read_log_file(writer.files[1])]
+    assert second == [b"'header'", b"('gap', 15)", b"'first'"]  # 3+1+4+1+5 events, + "alone"
+    assert "after 15 lost event(s)" in warnings[-1]
+
+
 def test_a_full_disk_that_never_frees_keeps_serving_quietly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     disk = _FlakyDisk()
