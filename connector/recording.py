@@ -120,11 +120,12 @@ from offload_fsm.logformat import (
     encode_header,
     encode_index,
     encode_inputs,
+    encode_packed_snapshot,
     encode_rejected,
     encode_snapshot,
 )
 from offload_fsm.logpeek import body_key
-from offload_fsm.logsnapshot import compact_snapshot
+from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
 from offload_fsm.logwire import outcome_wire, wire
 from offload_fsm.machine import Outcome, step
 from offload_fsm.state import State, new_state
@@ -310,18 +311,23 @@ class _Encoder:
         elif kind == SNAPSHOT:
             # Encoded before the header of the file it starts, which takes its seq.
             _, seq, wall_s, digest, state, step_index, periodic = item
-            if state is None:  # the scheduler asked the fold for it
+            previous = self._snapshot_keys if periodic else None
+            wall_ms = round((wall_s - created) * 1000.0)
+            if state is None:  # the scheduler asked the fold for it: packed as it is walked
                 folded = self._folded(seq, None)
-                digest, state = state_digest(folded), snapshot.to_wire(folded)
+                digest = state_digest(folded)
+                packed, keys = packed_snapshot(folded, previous)
+                payload = encode_packed_snapshot(seq, wall_ms, digest, packed,
+                                                 level=self._compress_level)
             else:  # taken on the scheduler thread: (re)start the fold from it
                 self._fold = snapshot.from_wire(state, self._offload_config)
                 self._fold_seq = seq
+                state, keys = compact_snapshot(state, previous)
+                payload = encode_snapshot(seq, wall_ms, digest, state,
+                                          level=self._compress_level)
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
-            state, keys = compact_snapshot(state, self._snapshot_keys if periodic else None)
-            payload = encode_snapshot(seq, round((wall_s - created) * 1000.0), digest, state,
-                                      level=self._compress_level)
             self._snapshot_keys = keys
             return payload
         elif kind == INDEX:

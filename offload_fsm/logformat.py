@@ -80,6 +80,7 @@ from offload_fsm.events import Event
 from offload_fsm.logwire import (
     _WIRE,
     OutcomeWire,
+    _pack_array_header,
     _packb,
     outcome_check,
     outcome_wire,
@@ -119,6 +120,7 @@ __all__ = [
     "encode_inputs",
     "encode_record",
     "encode_rejected",
+    "encode_packed_snapshot",
     "encode_snapshot",
     "outcome_check",
     "outcome_wire",
@@ -344,6 +346,16 @@ def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...],
     """With ``level`` (schema 4) the state travels deflated at that zlib level."""
     body = zlib.compress(_packb(state), level) if level else state
     return _packb((SNAPSHOT, seq, wall_ms, digest, body))
+
+
+def encode_packed_snapshot(seq: int, wall_ms: int, digest: str, packed_state: bytes,
+                           *, level: int = 0) -> bytes:
+    """:func:`encode_snapshot` of the state whose packed bytes are
+    ``packed_state`` (``logsnapshot.packed_snapshot``): the same bytes."""
+    if level:
+        return _packb((SNAPSHOT, seq, wall_ms, digest, zlib.compress(packed_state, level)))
+    return b"".join((_pack_array_header(5), _packb(SNAPSHOT), _packb(seq), _packb(wall_ms),
+                     _packb(digest), packed_state))
 
 
 def encode_index(seq: int, wall_ms: int, first_step: int, end_seq: int, end_step: int,

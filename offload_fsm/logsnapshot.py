@@ -26,10 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from offload_fsm import snapshot
 from offload_fsm.errors import LogCorrupt
 from offload_fsm.logcompact import Lists, refer, resolve, runs, unruns
+from offload_fsm.logwire import _pack_array_header, _packb
+from offload_fsm.state import State
 
-__all__ = ["KeysOf", "LazyState", "compact_snapshot", "expand_snapshot", "op_columns"]
+__all__ = ["KeysOf", "LazyState", "compact_snapshot", "expand_snapshot", "op_columns",
+           "packed_snapshot"]
 
 _KEYS_FIELD: Final = "stored_keys"  # the one big, slowly moving part of a snapshot
 
@@ -96,6 +100,42 @@ def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
     ``previous`` None: the keys are whole."""
     keys = wire[2][_keys_at(wire)]
     return _compact_keys(_compact_ops(wire), previous), keys
+
+
+def packed_snapshot(state: State, previous: tuple[Any, ...] | None
+                    ) -> tuple[bytes, tuple[Any, ...]]:
+    """The packed bytes of :func:`compact_snapshot` of ``snapshot.to_wire(state)``
+    (the very bytes), and the keys for the next one, made a record at a time:
+    each table record is packed (an op's compacted first, in op order, as
+    :func:`compact_snapshot` does) as the walk makes it, so the tables'
+    tuples are never all alive at once. Whole, they were thousands of young
+    objects for the cyclic GC on the heap vLLM's scheduler thread shares: one
+    snapshot of the roomy agentic backlog (1,361 ops) set off 16 young
+    collections (bench/README.md, "Stop 25")."""
+    names = snapshot.names()
+    op_fields = dict(names)["Op"]
+    ids_at, hashes_at = op_fields.index("block_ids"), op_fields.index("block_hashes")
+    lists, hashes = Lists(), dict[int, Any]()
+    packed: dict[str, list[bytes]] = {name: [] for name, _ in names[1:]}
+
+    def emit(cls: type[Any], record: tuple[Any, ...]) -> None:
+        if cls.__name__ == "Op":
+            fields = list(record)
+            ids = fields[ids_at]
+            fields[ids_at] = runs(ids, lists)
+            fields[hashes_at] = refer(ids, fields[hashes_at], hashes)
+            record = tuple(fields)
+        packed[cls.__name__].append(_packb(record))
+
+    body = snapshot.encode_records(state, emit)
+    head = (snapshot.SNAPSHOT_FORMAT, names, body)
+    keys = body[_keys_at(head)]
+    head = _compact_keys(head, previous)
+    parts = [_pack_array_header(len(head) + len(packed)), *map(_packb, head)]
+    for rows in packed.values():
+        parts.append(_pack_array_header(len(rows)))
+        parts.extend(rows)
+    return b"".join(parts), keys
 
 
 def _compact_keys(wire: tuple[Any, ...], previous: tuple[Any, ...] | None

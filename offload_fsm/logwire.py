@@ -77,6 +77,16 @@ def _packb(obj: Any) -> bytes:
     return pack(obj)  # type: ignore[no-any-return]
 
 
+def _pack_array_header(items: int) -> bytes:
+    """What :func:`_packb` writes before the items of an ``items``-long tuple,
+    so a tuple's items packed one by one after it are the tuple's bytes."""
+    try:
+        header = _local.header
+    except AttributeError:
+        header = _local.header = msgpack.Packer(use_bin_type=True).pack_array_header
+    return header(items)  # type: ignore[no-any-return]
+
+
 def outcome_check(outcome: Outcome) -> int:
     """0 for an empty outcome, else a non-zero CRC32 of its packed wire form."""
     if not outcome.decisions and not outcome.commands:

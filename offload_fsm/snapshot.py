@@ -62,7 +62,7 @@ from offload_fsm.errors import LogCorrupt
 from offload_fsm.snaptables import Decoding, Encoding, encode_owners, owners_decoder, ref, refs
 from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, StepContext, rederive
 
-__all__ = ["SNAPSHOT_FORMAT", "from_wire", "to_wire"]
+__all__ = ["SNAPSHOT_FORMAT", "encode_records", "from_wire", "names", "to_wire"]
 
 SNAPSHOT_FORMAT: Final = 2
 """Bumped only if the layout above changes; field changes need no bump
@@ -322,20 +322,37 @@ def to_wire(state: State) -> tuple[Any, ...]:
 
     Fresh tuples throughout: the result shares nothing mutable with ``state``,
     so another thread may pack it while the state moves on."""
-    encoding = Encoding(_SHARED)
-    body = _RECORDS[State].encode(state, encoding)
-    tables = encoding.tables
     encoded: dict[type[Any], list[tuple[Any, ...]]] = {cls: [] for cls in _SHARED}
+    body = encode_records(state, lambda cls, row: encoded[cls].append(row))
+    return (SNAPSHOT_FORMAT, _NAMES, body, *(tuple(encoded[cls]) for cls in _SHARED))
+
+
+def encode_records(state: State, emit: Callable[[type[Any], tuple[Any, ...]], None]
+                   ) -> tuple[Any, ...]:
+    """:func:`to_wire`'s walk: returns the state's own record and hands each
+    shared table's records to ``emit(cls, record)``, in table order (the
+    tables are ``names()``' classes after ``State``), as they are made; so
+    a caller that packs each at once never holds them all
+    (``logsnapshot.packed_snapshot``)."""
+    encoding = Encoding(_SHARED)
+    body: tuple[Any, ...] = _RECORDS[State].encode(state, encoding)
+    tables = encoding.tables
+    done = dict.fromkeys(_SHARED, 0)
     progress = True
     while progress:  # encoding a record can meet further shared objects
         progress = False
         for cls in _SHARED:
-            table, done = tables[cls], encoded[cls]
-            record = _RECORDS[cls]
-            while len(done) < len(table):
-                done.append(record.encode(table[len(done)], encoding))
+            table, record = tables[cls], _RECORDS[cls]
+            while done[cls] < len(table):
+                emit(cls, record.encode(table[done[cls]], encoding))
+                done[cls] += 1
                 progress = True
-    return (SNAPSHOT_FORMAT, _NAMES, body, *(tuple(encoded[cls]) for cls in _SHARED))
+    return body
+
+
+def names() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The wire's ``names``: each top class and its fields, ``State`` first."""
+    return _NAMES
 
 
 def from_wire(data: Any, config: OffloadConfig) -> State:

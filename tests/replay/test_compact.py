@@ -145,6 +145,86 @@ def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
     assert third == snapshot.to_wire(state)
 
 
+def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
+    """``logsnapshot.packed_snapshot`` (the writer's snapshots) is the packed
+    ``compact_snapshot`` of ``to_wire``, record for record, keys delta and
+    all, along a real scheduler's run (shared prompts: op records in runs
+    and references); and its SNAPSHOT record is the same too."""
+    from bench.bench_fold import read_events
+    from offload_fsm import snapshot
+    from offload_fsm.logformat import encode_packed_snapshot, encode_snapshot
+    from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
+    from offload_fsm.logwire import _packb
+    from offload_fsm.machine import step
+    from offload_fsm.state import new_state
+    from replay.runner import config_of
+
+    header, events = read_events(str(Path(__file__).parents[1] / "data" / "sim_logs" /
+                                     "sim-ea-3"), None)
+    assert header is not None
+    state = new_state(config_of(header), world_size=header.world_size)
+    keys: tuple[object, ...] | None = None
+    compacted = 0
+    for index, event in enumerate(events[:3000]):
+        step(state, event)
+        if index % 100:
+            continue
+        plain = snapshot.to_wire(state)
+        wire, whole_keys = compact_snapshot(plain, keys)
+        packed, packed_keys = packed_snapshot(state, keys)
+        assert packed == _packb(wire), index
+        assert packed_keys == whole_keys
+        for level in (0, 6):
+            assert encode_packed_snapshot(index, 7, "d", packed, level=level) == \
+                encode_snapshot(index, 7, "d", wire, level=level)
+        keys = whole_keys
+        compacted += wire[4] != plain[4]  # op records in runs or references
+    assert compacted > 10
+
+
+def test_a_snapshot_packed_as_it_is_walked_keeps_the_young_generation_small() -> None:
+    """A backlog's records, alive all at once, make the cyclic GC's young
+    collections come due on the heap vLLM's scheduler thread shares; packed
+    one at a time, they die as they are made."""
+    import gc
+
+    from offload_fsm import snapshot
+    from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
+    from offload_fsm.logwire import _packb
+    from offload_fsm.machine import step
+    from offload_fsm.state import OpStatus, new_state
+    from offload_fsm.testing.synthetic import default_config, run_workload
+
+    config = default_config()
+    world = run_workload(requests=400, seed=2, config=config, pool_blocks=20_000,
+                         concurrency=40, max_chunks=8, fail_rate=0.0)
+    state = new_state(config, world_size=world.state.world_size)
+    for event, _ in world.applied:  # to a backlog of over a thousand buffered ops
+        step(state, event)
+        if state.live_ops[OpStatus.BUFFERED] > 1000:
+            break
+    assert state.live_ops[OpStatus.BUFFERED] > 1000
+    collections = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 0:
+            collections[0] += 1
+
+    def young_collections(pack: object) -> int:
+        gc.collect()
+        collections[0] = 0
+        gc.callbacks.append(count)
+        try:
+            pack()  # type: ignore[operator]
+        finally:
+            gc.callbacks.remove(count)
+        return collections[0]
+
+    whole = young_collections(lambda: _packb(compact_snapshot(snapshot.to_wire(state), None)[0]))
+    walked = young_collections(lambda: packed_snapshot(state, None))
+    assert whole >= 4 and walked <= whole // 4, (whole, walked)
+
+
 def _offer(req: str, ids: tuple[int, ...], hashes: dict[int, int]) -> tuple[object, ...]:
     return (2, req, 0, 32 * len(ids), ids, tuple(hashes[b] for b in ids), 0.5, 4)
 
