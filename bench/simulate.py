@@ -114,6 +114,7 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
         str(r.chunk_writes), str(r.written_keys), fmt(wr, 2),
         f"{r.recalled}/{r.needed}", fmt(recall), fmt(precision),
         str(r.max_backlog), str(r.steps),
+        "/".join(map(str, r.gc_collections)) + f" ({r.gc_pause_ms:.0f})",
     ]
 
 
@@ -121,7 +122,7 @@ HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "conn
         "conn max ms", "preempt",
         "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
         "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
-        "max backlog", "steps"]
+        "max backlog", "steps", "gc collections 0/1/2 (ms)"]
 
 
 VHEAD = ["arm", "recall", "chunk writes", "writes/eager writes", "writes/eager distinct",

@@ -147,6 +147,9 @@ class ArmResult:
     max_running: int = 0
     unfinished_sessions: int = 0
     notes: list[str] = field(default_factory=list)
+    # the cyclic GC's collections while serving (any thread), by generation, and their pauses
+    gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    gc_pause_ms: float = 0.0
 
     def conn_by_bucket(self) -> dict[str, tuple[int, float, float]]:
         out: dict[str, list[float]] = {"0-99": [], "100-999": [], "1000+": []}
@@ -330,6 +333,7 @@ class Sim:
         self.log_dir = log_dir
         self.instr = Instr()
         self.res = ArmResult(arm=arm.name)
+        self._gc_started = 0.0  # the running collection's start (``_collected``)
         self.rng = random.Random(params.seed * 7919 + 17)
         self.step = 0
         self.lm = standin.SimLMCache(BLOCK, params.world_size)
@@ -695,12 +699,22 @@ class Sim:
         gc.collect()
         gc.freeze()
         started = time.perf_counter()
+        gc.callbacks.append(self._collected)
         try:
             self._loop()
         finally:
+            gc.callbacks.remove(self._collected)
             gc.unfreeze()
         self.res.wall_s = time.perf_counter() - started
         return self._collect()
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks``: count each collection and time its pause."""
+        if phase == "start":
+            self.res.gc_collections[info["generation"]] += 1
+            self._gc_started = time.perf_counter()
+        else:
+            self.res.gc_pause_ms += (time.perf_counter() - self._gc_started) * 1e3
 
     def _loop(self) -> None:
         idle_tail = 0
