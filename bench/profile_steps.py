@@ -62,11 +62,14 @@ Two comparisons that hold the step fixed:
   mixes steps that rank differently; the median extra does not.
 * ``in the serving loop vs a hot fold``: per event type, the mean time of
   ``offload_fsm.machine.step`` as the connector's ``drive`` called it while
-  serving, beside the same events folded again from a fresh state right after
-  the run (best of 3, nothing else running between events). Same code, same
-  events, same decisions: the ratio is what the serving loop's surroundings
-  (vLLM's and LMCache's work between our calls, the model's time) do to the
-  core's own work.
+  serving (and less the collections that fell in it), beside the same events,
+  read back from the run's event log, folded again from a fresh state after
+  the run (best of 3, nothing else running between events; arms with the log
+  on). Same code, same events, same decisions: the ratio is what the serving
+  loop's surroundings (vLLM's and LMCache's work between our calls, the
+  model's time) do to the core's own work. Only per-type sums are kept while
+  serving: keeping the events would keep tens of thousands of objects alive
+  and bring on the very collections measured.
 """
 
 from __future__ import annotations
@@ -89,12 +92,15 @@ _PACKAGES = (("/offload_fsm/", "core"), ("/connector/eventlog", "log"),
              ("/connector/recording", "log"), ("/connector/", "connector"),
              ("/lmcache/", "lmcache"), ("/vllm/", "vllm"), ("/bench/", "simulator"))
 _BY_MODULE = frozenset(("core", "log", "connector"))  # named down to the module
-# the arm serving now, and each arm's events applied by the core, in order:
-# (event, seconds, seconds less the collections in them, config, world size);
-# its shutdown's come after its last step
+# The run serving now (arm, number), and per run and event type the core's
+# step while serving: (count, seconds, seconds less the collections in them);
+# a run's shutdown comes after its last step. Only sums: keeping the events
+# would keep tens of thousands of objects alive, and bring on the very
+# collections this measures. The hot fold reads them from the run's log.
 _RUNS = itertools.count()
 _SERVING: list[tuple[str, int]] = [("", -1)]
-_ARM_EVENTS: dict[tuple[str, int], list[tuple[Any, float, float, Any, int]]] = {}
+_ARM_EVENTS: dict[tuple[str, int], dict[str, list[float]]] = {}
+_RUN_LOGS: dict[tuple[str, int], tuple[str, str]] = {}  # run -> (its log's directory, prefix)
 _UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
 _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)
 
@@ -198,8 +204,13 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     one_step = engine.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
-        run = self.__dict__.setdefault("_profile_run", next(_RUNS))
-        _SERVING[0] = (self.arm.name, run)  # the core's events until the next run's are its own
+        if "_profile_run" not in self.__dict__:
+            self._profile_run = next(_RUNS)
+            writer = getattr(getattr(self.view.mgr, "_recorder", None), "writer", None)
+            if writer is not None and writer.files:
+                _RUN_LOGS[(self.arm.name, self._profile_run)] = (
+                    str(writer.files[0].parent), writer.prefix)
+        _SERVING[0] = (self.arm.name, self._profile_run)  # the core's events until the next
         _PHASES.clear()
         _PAUSES.clear()
         one_step(self, step)
@@ -214,8 +225,8 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
 
 def _time_events() -> None:
     """Time each event ``offload_fsm.machine.step`` applies for ``drive`` (the
-    connector's only caller while serving) and keep it, with the state's
-    config, for :func:`_report_fold`."""
+    connector's only caller while serving), summed per run and event type
+    for :func:`_report_fold`."""
     from offload_fsm import machine
 
     original = _UNTIMED_STEP[0] = machine.step
@@ -226,9 +237,11 @@ def _time_events() -> None:
             return original(state, event)
         finally:
             spent = time.perf_counter() - started
-            _ARM_EVENTS.setdefault(_SERVING[0], []).append(
-                (event, spent, spent - (_PAUSED_S[0] - paused), state.config,
-                 state.world_size))
+            sums = _ARM_EVENTS.setdefault(_SERVING[0], {}).setdefault(
+                type(event).__name__, [0, 0.0, 0.0])
+            sums[0] += 1
+            sums[1] += spent
+            sums[2] += spent - (_PAUSED_S[0] - paused)
 
     machine.step = timed
 
@@ -312,29 +325,36 @@ def _report_same_step(by_arm: dict[str, list[tuple[float, dict[str, float], int]
                 print(f"  {phase:<24} {mean:10.3f} {median:13.3f}")
 
 
-def _report_fold(events_by_run: dict[tuple[str, int], list[tuple[Any, float, float, Any, int]]]
-                 ) -> None:
-    """Per event type: the core's ``step`` in the serving loop vs the same
-    events folded again, hot (module docstring); an arm's runs (rounds,
-    configs) are folded each from a fresh state and summed."""
+def _report_fold(by_run: dict[tuple[str, int], dict[str, list[float]]]) -> None:
+    """Per event type: the core's ``step`` in the serving loop vs the run's
+    events (read back from its event log) folded again, hot (module
+    docstring); an arm's runs (rounds, configs) are folded each from a fresh
+    state and summed. Arms without a log (log off) are left out."""
+    from bench.bench_fold import read_events
     from offload_fsm.state import new_state
+    from replay.runner import config_of
 
     step = _UNTIMED_STEP[0]
-    by_arm: dict[str, list[list[tuple[Any, float, float, Any, int]]]] = {}
-    for (arm, _), applied in events_by_run.items():
-        by_arm.setdefault(arm, []).append(applied)
+    by_arm: dict[str, list[tuple[str, int]]] = {}
+    for run in by_run:
+        if run in _RUN_LOGS:
+            by_arm.setdefault(run[0], []).append(run)
     for arm, runs in by_arm.items():
         best: dict[str, float] = Counter()
         serving: dict[str, float] = Counter()
-        counts: Counter[str] = Counter()
         calm: dict[str, float] = Counter()
-        for applied in runs:
-            config, world_size = applied[0][3], applied[0][4]
+        counts: Counter[str] = Counter()
+        for run in runs:
+            header, events = read_events(*_RUN_LOGS[run])
+            sums = by_run[run]
+            if header is None or len(events) != sum(int(n) for n, _, _ in sums.values()):
+                print(f"{arm}: its log does not hold every event it applied; not compared")
+                continue
             fastest: dict[str, float] | None = None
             for _ in range(3):
-                state = new_state(config, world_size=world_size)
+                state = new_state(config_of(header), world_size=header.world_size)
                 spent: dict[str, float] = Counter()
-                for event, _, _, _, _ in applied:
+                for event in events:
                     started = time.perf_counter()
                     step(state, event)
                     spent[type(event).__name__] += time.perf_counter() - started
@@ -343,11 +363,12 @@ def _report_fold(events_by_run: dict[tuple[str, int], list[tuple[Any, float, flo
             assert fastest is not None
             for name, seconds in fastest.items():
                 best[name] += seconds
-            for event, seconds, without, _, _ in applied:
-                serving[type(event).__name__] += seconds
-                calm[type(event).__name__] += without
-                counts[type(event).__name__] += 1
-        applied = [item for run in runs for item in run]
+            for name, (n, seconds, without) in sums.items():
+                counts[name] += int(n)
+                serving[name] += seconds
+                calm[name] += without
+        if not counts:
+            continue
         print(f"\n## {arm}: the core's step in the serving loop vs a hot fold of the same "
               f"events ({len(runs)} run(s); us each; fold best of 3)")
         print("| event | count | serving | less collections | hot fold | ratio (less "
@@ -359,8 +380,8 @@ def _report_fold(events_by_run: dict[tuple[str, int], list[tuple[Any, float, flo
                   f"{calm[name] / n * 1e6:.1f} | {hot / n * 1e6:.1f} | {ratio} |")
         total, total_calm, total_hot = (sum(serving.values()), sum(calm.values()),
                                         sum(best.values()))
-        print(f"| all (ms) | {len(applied)} | {total * 1e3:.1f} | {total_calm * 1e3:.1f} | "
-              f"{total_hot * 1e3:.1f} | {total / total_hot:.1f} "
+        print(f"| all (ms) | {sum(counts.values())} | {total * 1e3:.1f} | "
+              f"{total_calm * 1e3:.1f} | {total_hot * 1e3:.1f} | {total / total_hot:.1f} "
               f"({total_calm / total_hot:.1f}) |")
 
 
