@@ -135,14 +135,7 @@ def check(state: State, event: Event) -> None:
         reasons = _REQUEST_REASONS.get(event_type)
         if reasons is None:
             return
-        rec = state.requests.get(event.req_id)  # type: ignore[union-attr]
-        if rec is None:
-            rphase = RequestPhase.UNKNOWN
-        elif rec.phase is Phase.FINISHED:
-            rphase = RequestPhase.FINISHED
-        else:
-            rphase = RequestPhase.ACTIVE
-        if reasons.get(rphase) is None:
+        if reasons.get(request_phase(state, event.req_id)) is None:  # type: ignore[union-attr]
             return
     _refuse(state, event)
 

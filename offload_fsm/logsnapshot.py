@@ -65,11 +65,25 @@ def _map_ops(wire: tuple[Any, ...],
     return (*wire[:at], tuple(rows), *wire[at + 1:])
 
 
+def _op_compactor(ids_at: int, hashes_at: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """One snapshot's op records, in op order, to their compact forms (the
+    module docstring): each call takes the next record."""
+    lists, hashes = Lists(), dict[int, Any]()
+
+    def compact(record: tuple[Any, ...]) -> tuple[Any, ...]:
+        fields = list(record)
+        ids = fields[ids_at]
+        fields[ids_at] = runs(ids, lists)
+        fields[hashes_at] = refer(ids, fields[hashes_at], hashes)
+        return tuple(fields)
+
+    return compact
+
+
 def _compact_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
-    lists = Lists()
-    hashes: dict[int, Any] = {}
-    return _map_ops(wire, lambda ids, values: (runs(ids, lists),
-                                               refer(ids, values, hashes)))
+    at, ids_at, hashes_at = op_columns(wire)
+    compact = _op_compactor(ids_at, hashes_at)
+    return (*wire[:at], tuple(map(compact, wire[at])), *wire[at + 1:])
 
 
 def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -114,17 +128,12 @@ def packed_snapshot(state: State, previous: tuple[Any, ...] | None
     collections (bench/README.md, "Stop 25")."""
     names = snapshot.names()
     op_fields = dict(names)["Op"]
-    ids_at, hashes_at = op_fields.index("block_ids"), op_fields.index("block_hashes")
-    lists, hashes = Lists(), dict[int, Any]()
+    compact = _op_compactor(op_fields.index("block_ids"), op_fields.index("block_hashes"))
     packed: dict[str, list[bytes]] = {name: [] for name, _ in names[1:]}
 
     def emit(cls: type[Any], record: tuple[Any, ...]) -> None:
         if cls.__name__ == "Op":
-            fields = list(record)
-            ids = fields[ids_at]
-            fields[ids_at] = runs(ids, lists)
-            fields[hashes_at] = refer(ids, fields[hashes_at], hashes)
-            record = tuple(fields)
+            record = compact(record)
         packed[cls.__name__].append(_packb(record))
 
     body = snapshot.encode_records(state, emit)
