@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from typing import Any
 
 from testkit import engine_log
@@ -15,6 +17,11 @@ from testkit import engine_log
 # (seen once, with a store in flight), so tests give teardown room
 # (``E2E_SHUTDOWN_TIMEOUT_S`` overrides it: 5 is vLLM's default).
 SHUTDOWN_TIMEOUT_S = float(os.environ.get("E2E_SHUTDOWN_TIMEOUT_S", "60"))
+# An engine process still alive this long before the grace ends is sent SIGABRT:
+# with ``PYTHONFAULTHANDLER`` (``testkit.env``) it writes every thread's stack to its
+# stderr before it dies, which a test's captured output then shows. vLLM's kill at
+# the end of the grace leaves no such evidence.
+ABORT_LEAD_S = 5.0
 
 
 def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
@@ -24,9 +31,27 @@ def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
     client = llm.llm_engine.engine_core
     manager = getattr(getattr(client, "resources", None), "engine_manager", None)
     processes = list(getattr(manager, "processes", ()))
-    client.shutdown(timeout=timeout_s)
+    watchdog = None
+    if timeout_s is not None and timeout_s > ABORT_LEAD_S and processes:
+        watchdog = threading.Timer(timeout_s - ABORT_LEAD_S, _abort_stuck,
+                                   args=(processes, timeout_s - ABORT_LEAD_S))
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        client.shutdown(timeout=timeout_s)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
     if processes:
         engine_log.note(f"engine processes exit codes: {[p.exitcode for p in processes]}")
+
+
+def _abort_stuck(processes: list[Any], waited_s: float) -> None:
+    for process in processes:
+        if process.is_alive() and process.pid is not None:
+            engine_log.note(f"{process.name} pid={process.pid} still running {waited_s:.0f}s "
+                            "after shutdown began: SIGABRT, for its threads' stacks on stderr")
+            os.kill(process.pid, signal.SIGABRT)
 
 
 def tiny_llm(model_dir: Any, kv_transfer_config: dict[str, Any] | None, *,

@@ -1,5 +1,5 @@
 """The environment vLLM and LMCache run under in tests, the demo and the benchmarks:
-offline hub, a 1 GiB CPU KV cache, no usage tracking, no banner.
+offline hub, a 1 GiB CPU KV cache, no usage tracking, no banner, stacks on a fatal signal.
 
 Primitives:
   E2E_ENV            the variables and their values
@@ -24,6 +24,9 @@ E2E_ENV = {
     "LMCACHE_TRACK_USAGE": "false",
     "VLLM_NO_USAGE_STATS": "1",
     "LMCACHE_DISABLE_BANNER": "1",
+    # A process that dies of SIGABRT, SIGSEGV and the like writes its threads' stacks
+    # to stderr first (``testkit.engine.shutdown`` aborts an engine stuck in teardown).
+    "PYTHONFAULTHANDLER": "1",
 }
 
 
