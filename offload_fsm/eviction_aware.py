@@ -132,14 +132,16 @@ def _cascade(
     are new, and rank last); only a new read's window is compared whole
     with the blocks seen."""
     lookahead, depth, pins = state.config.cascade_lookahead_blocks, ctx.depth_blocks, state.pins
-    window = dict.fromkeys(read[:depth])  # a read holds no protected block
-    cursor = len(window)
+    window: dict[int, None] = {}  # the read's first D, made when a round first changes it
+    cursor = min(depth, len(read))
     entered: list[int] | None = None  # None: a new read's whole window is to compare
     while True:
         if plan is not None:
             ctx.window_pinned_blocks += len(plan.window_pinned)
             if not (plan.window_pinned and ctx.ops_left > 0 and depth > 0):
                 return
+            if entered is None:
+                window = dict.fromkeys(read[:depth])  # a read holds no protected block
             entered = []
             if lookahead:
                 for block in plan.window_pinned:
@@ -159,9 +161,10 @@ def _cascade(
                 return
         seen, owners = ctx.window_seen, state.owners
         if entered is None:  # filtered in C; Python walks only new buffered blocks
-            fresh = set(filterfalse(seen.__contains__, window))
+            head = read[:depth]
+            fresh = set(filterfalse(seen.__contains__, head))
             owned = owners.keys() & fresh
-            ranked = list(compress(enumerate(window), map(owned.__contains__, window))) \
+            ranked = list(compress(enumerate(head), map(owned.__contains__, head))) \
                 if owned else []
         else:  # the entered blocks fill the window's end
             fresh = set(filterfalse(seen.__contains__, entered))
