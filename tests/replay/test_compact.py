@@ -68,6 +68,33 @@ def test_compact_forms_round_trip(seed: int) -> None:
     assert compact < plain * 0.7
 
 
+@pytest.mark.parametrize(("before", "after", "shape"), [
+    (tuple(range(10)), tuple(range(20, 30)), "sent"),  # every id sent
+    (tuple(range(10)), (*range(4, 10), 40, 41), "copy, then sent"),
+    (tuple(range(10)), tuple(range(2, 9)), "copy"),
+    (tuple(range(10)), (50, *range(3, 10)), "sent, then copy"),
+    (tuple(range(10)), (*range(0, 4), 60, *range(5, 10), 61), "interleaved"),
+])
+def test_a_window_delta_of_any_shape_is_undone(
+    before: tuple[int, ...], after: tuple[int, ...], shape: str
+) -> None:
+    """The shapes ``_undelta`` undoes in C (every id sent; one copy, then sent
+    ids) and those it loops over give the same windows."""
+    writer, reader = WireContext(), WireContext()
+    for window in (before, after):
+        wire = (3, 64, 0, 2, 1, 100, window, (), 0.1)
+        packed = writer.compact(wire)
+        kinds = ["copy" if type(item) is not int else "sent" for item in packed[6]]
+        back = reader.expand(msgpack.unpackb(msgpack.packb(packed), use_list=False))
+        assert back == wire
+        assert type(back[6]) is tuple
+    assert ", then ".join(dict.fromkeys(kinds)) == shape or shape == "interleaved"
+    with pytest.raises(LogCorrupt):  # not an id, not a copy: refused on either path
+        reader.expand((8, (1, 2, True)))
+    with pytest.raises(LogCorrupt, match="outside the previous window"):
+        reader.expand((8, ((5, 99), 1, 2)))
+
+
 def test_a_plain_wire_tuple_is_a_compact_form() -> None:
     events = _events(random.Random(9), 50)
     reader = WireContext()
