@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -51,7 +52,8 @@ def _abort_stuck(processes: list[Any], waited_s: float) -> None:
         if process.is_alive() and process.pid is not None:
             engine_log.note(f"{process.name} pid={process.pid} still running {waited_s:.0f}s "
                             "after shutdown began: SIGABRT, for its threads' stacks on stderr")
-            os.kill(process.pid, signal.SIGABRT)
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                os.kill(process.pid, signal.SIGABRT)
 
 
 def tiny_llm(model_dir: Any, kv_transfer_config: dict[str, Any] | None, *,
