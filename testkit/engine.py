@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import threading
@@ -23,6 +24,14 @@ SHUTDOWN_TIMEOUT_S = float(os.environ.get("E2E_SHUTDOWN_TIMEOUT_S", "60"))
 # stderr before it dies, which a test's captured output then shows. vLLM's kill at
 # the end of the grace leaves no such evidence.
 ABORT_LEAD_S = 5.0
+# vLLM 0.32's idle engine core waits on its input queue with no timeout, and its
+# SIGTERM handler is Python: CPython runs it only when the main thread wakes. When
+# the kernel delivers the process's SIGTERM to another of its threads, the main
+# thread never wakes and the engine never shuts down (reproduced without any KV
+# connector by sending SIGTERM to one of the engine's other threads; bench/README.md,
+# stop 26). So an engine still alive this long after shutdown began gets SIGTERM
+# again, sent to its main thread, which wakes it; the engine log says so.
+REDELIVER_AFTER_S = 10.0
 
 
 def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
@@ -32,16 +41,20 @@ def shutdown(llm: Any, timeout_s: float | None = SHUTDOWN_TIMEOUT_S) -> None:
     client = llm.llm_engine.engine_core
     manager = getattr(getattr(client, "resources", None), "engine_manager", None)
     processes = list(getattr(manager, "processes", ()))
-    watchdog = None
+    watchdogs = []
     if timeout_s is not None and timeout_s > ABORT_LEAD_S and processes:
-        watchdog = threading.Timer(timeout_s - ABORT_LEAD_S, _abort_stuck,
-                                   args=(processes, timeout_s - ABORT_LEAD_S))
+        watchdogs.append(threading.Timer(timeout_s - ABORT_LEAD_S, _abort_stuck,
+                                         args=(processes, timeout_s - ABORT_LEAD_S)))
+        if timeout_s - ABORT_LEAD_S > REDELIVER_AFTER_S:
+            watchdogs.append(threading.Timer(REDELIVER_AFTER_S, _redeliver,
+                                             args=(processes, REDELIVER_AFTER_S)))
+    for watchdog in watchdogs:
         watchdog.daemon = True
         watchdog.start()
     try:
         client.shutdown(timeout=timeout_s)
     finally:
-        if watchdog is not None:
+        for watchdog in watchdogs:
             watchdog.cancel()
     if processes:
         engine_log.note(f"engine processes exit codes: {[p.exitcode for p in processes]}")
@@ -54,6 +67,15 @@ def _abort_stuck(processes: list[Any], waited_s: float) -> None:
                             "after shutdown began: SIGABRT, for its threads' stacks on stderr")
             with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
                 os.kill(process.pid, signal.SIGABRT)
+
+
+def _redeliver(processes: list[Any], waited_s: float) -> None:
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
+    for process in processes:
+        if process.is_alive() and process.pid is not None and tgkill is not None:
+            engine_log.note(f"{process.name} pid={process.pid} still running {waited_s:.0f}s "
+                            "after shutdown began: SIGTERM again, to its main thread")
+            tgkill(process.pid, process.pid, int(signal.SIGTERM))  # main thread id == pid
 
 
 def tiny_llm(model_dir: Any, kv_transfer_config: dict[str, Any] | None, *,
