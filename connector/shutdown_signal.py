@@ -1,4 +1,5 @@
-"""Tell the manager when vLLM's engine process begins shutting down.
+"""Tell the manager when vLLM's engine process begins shutting down, and
+make sure that process hears the signal.
 
 vLLM 0.32's engine-core process (``EngineCoreProc.run_engine_core``)
 installs SIGTERM/SIGINT handlers before it builds the scheduler (and so this
@@ -16,38 +17,139 @@ main thread, possibly inside a core step), then the previous handler runs
 unchanged. Nothing is installed off the main thread, or where no Python
 handler for SIGTERM is present (not vLLM's engine-core process: an
 in-process engine never steps without a caller, so no flush could run).
+
+A signal the kernel delivers to another thread (any thread that does not
+block it may get a process-directed signal) is never heard by an idle
+engine: CPython runs Python handlers only on the main thread, when it next
+runs bytecode, and vLLM's idle main thread waits on its input queue with no
+timeout. The engine then lives until the manager kills it, and the log is
+never sealed (reproduced with no connector at all: ``tests/e2e/
+test_shutdown_signal.py``). So :func:`install` also asks CPython to write
+each signal's number to a socket (``signal.set_wakeup_fd``, which its C
+handler does on whatever thread the signal lands) and starts one daemon
+thread, ``lazy-offload-signal``, that reads it: a SIGTERM/SIGINT after which
+the chained handler has not run within :data:`FORWARD_AFTER_S` is sent again
+to the main thread (``signal.pthread_kill``), once. The byte that forward
+causes is not forwarded again. vLLM's handler is idempotent (it sets a flag
+and arms a one-shot wakeup), so a signal heard twice (two signals that
+CPython ran as one call, say) is harmless. Where another owner already set
+a wakeup fd, it is left alone and nothing is forwarded.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from connector.logs import get_logger
+
+_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+FORWARD_AFTER_S: Final[float] = 0.2
+"""How long after a signal's byte arrives its handler may take to run
+before the signal is sent to the main thread."""
+HEARD_WITHIN_S: Final[float] = 2.0
+"""How long after a forward the watcher waits for the handler before it
+goes back to reading (the main thread may be inside a long C call)."""
+_POLL_S: Final[float] = 0.01
+
+_log = get_logger()
 
 
 def install(on_signal: Callable[[], None]) -> bool:
-    """Chain ``on_signal`` before the SIGTERM/SIGINT handlers; False (and
-    nothing changed) where that cannot help (see the module docstring)."""
+    """Chain ``on_signal`` before the SIGTERM/SIGINT handlers, and start the
+    forwarder; False (and nothing changed) where that cannot help (see the
+    module docstring)."""
     if threading.current_thread() is not threading.main_thread():
         return False
     if not callable(signal.getsignal(signal.SIGTERM)):
         return False
+    heard = _Heard()
     for signum in _SIGNALS:
         previous = signal.getsignal(signum)
         if callable(previous):
-            signal.signal(signum, _chained(on_signal, previous))
+            signal.signal(signum, _chained(on_signal, heard, previous))
+    _start_forwarder(heard)
     return True
 
 
+class _Heard:
+    """How many times the chained handler ran (written on the main thread,
+    read by the forwarder; one int under the GIL)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+
 def _chained(
-    on_signal: Callable[[], None], previous: Callable[[int, FrameType | None], Any]
+    on_signal: Callable[[], None], heard: _Heard,
+    previous: Callable[[int, FrameType | None], Any],
 ) -> Callable[[int, FrameType | None], Any]:
     def handler(signum: int, frame: FrameType | None) -> Any:
+        heard.runs += 1
         on_signal()  # notes a time: cannot keep vLLM's handler from running
         return previous(signum, frame)
 
     return handler
+
+
+def _start_forwarder(heard: _Heard) -> None:
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # set_wakeup_fd's requirement
+    try:
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        reader.close()
+        writer.close()
+        return
+    if previous_fd != -1:  # another owner's: theirs stays
+        signal.set_wakeup_fd(previous_fd)
+        reader.close()
+        writer.close()
+        return
+    main_id = threading.main_thread().ident
+    assert main_id is not None
+    threading.Thread(target=_forward, args=(reader, writer, heard, main_id),
+                     name="lazy-offload-signal", daemon=True).start()
+
+
+def _forward(reader: socket.socket, writer: socket.socket, heard: _Heard, main_id: int) -> None:
+    """The forwarder's loop (module docstring). ``writer`` is held by this
+    frame so that its fd, CPython's wakeup fd, stays open."""
+    accounted = 0  # the handler runs already matched to a signal
+    echoes = 0  # bytes our own forwards will cause
+    while True:
+        data = reader.recv(64)
+        if not data:
+            return
+        for signum in data:
+            if signum not in _SIGNALS:
+                continue
+            if echoes:
+                echoes -= 1
+                continue
+            if _runs_after(heard, accounted, FORWARD_AFTER_S):
+                accounted = heard.runs
+                continue
+            _log.warning("lazy offload: the engine's main thread did not hear a signal; "
+                         "sent it to the main thread", signal=signal.Signals(signum).name,
+                         waited_s=FORWARD_AFTER_S)
+            echoes += 1
+            signal.pthread_kill(main_id, signum)
+            _runs_after(heard, accounted, HEARD_WITHIN_S)
+            accounted = heard.runs
+
+
+def _runs_after(heard: _Heard, accounted: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while heard.runs <= accounted:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True

@@ -7,7 +7,10 @@ log sealed as soon as vLLM may stop (before it stops its workers)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +90,14 @@ def test_the_hook_runs_before_the_handler_it_chains_and_only_where_one_is() -> N
         assert shutdown_signal.install(lambda: calls.append("ours"))
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
         assert calls == ["ours", f"vllm {int(signal.SIGTERM)}"]
+        assert "lazy-offload-signal" in {thread.name for thread in threading.enumerate()}
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
+        wakeup_fd = signal.set_wakeup_fd(-1)  # the forwarder's: end its thread
+        if wakeup_fd != -1:
+            with socket.socket(fileno=os.dup(wakeup_fd)) as writer:
+                writer.shutdown(socket.SHUT_RDWR)
 
 
 def test_after_the_signal_the_log_is_sealed_as_soon_as_vllm_may_stop(

@@ -1,0 +1,91 @@
+"""The SIGTERM forwarder (``connector.shutdown_signal``), in a child process
+shaped like vLLM's idle engine core: the main thread waits on a queue with
+no timeout, and the SIGTERM handler wakes it through a helper thread (as
+vLLM's ``SignalCallback`` does). A signal sent to another thread by
+``tgkill`` must still reach the handler; a signal sent to the main thread
+must be heard once and not forwarded, and a forward is not forwarded
+again; another owner's wakeup fd stays.
+The e2e test with a real engine: ``tests/e2e/test_shutdown_signal.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_CHILD = textwrap.dedent("""
+    import ctypes, logging, os, queue, signal, sys, threading
+    from connector import shutdown_signal
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    target, other_owner = sys.argv[1], sys.argv[2] == "1"
+    if other_owner:
+        theirs, _ = __import__("socket").socketpair()
+        theirs.setblocking(False)
+        signal.set_wakeup_fd(theirs.fileno())
+    inbox, wake, heard = queue.Queue(), threading.Event(), []
+
+    def engine_handler(signum, frame):  # vLLM's: a flag, and a one-shot wakeup
+        heard.append(signum)
+        wake.set()
+
+    signal.signal(signal.SIGTERM, engine_handler)
+    threading.Thread(target=lambda: (wake.wait(), inbox.put("wakeup")), daemon=True).start()
+    ours = []
+    print("installed", shutdown_signal.install(lambda: ours.append(1)), flush=True)
+    if other_owner:
+        print("wakeup fd kept", signal.set_wakeup_fd(theirs.fileno()) == theirs.fileno(),
+              flush=True)
+    parked, parked_tid = threading.Event(), []
+
+    def park():
+        parked_tid.append(threading.get_native_id())
+        parked.wait()
+
+    def send():
+        while not parked_tid:
+            pass
+        tid = os.getpid() if target == "main" else parked_tid[0]
+        ctypes.CDLL(None, use_errno=True).tgkill(os.getpid(), tid, int(signal.SIGTERM))
+
+    threading.Thread(target=park, daemon=True).start()
+    threading.Timer(0.3, send).start()
+    inbox.get()  # idle, no timeout: only the handler wakes it
+    threading.Event().wait(1.0)  # a forward of our own forward would come in this time
+    print("woke", len(heard), len(ours), flush=True)
+""")
+
+
+def _child(target: str, other_owner: bool = False) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([sys.executable, "-c", _CHILD, target, "1" if other_owner else "0"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the child's idle main thread never heard SIGTERM to {target}: "
+                    f"{error.stderr!r}")
+
+
+def test_a_signal_that_lands_on_another_thread_wakes_the_idle_main_thread() -> None:
+    done = _child("other")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["installed True", "woke 1 1"]
+    assert "did not hear a signal; sent it to the main thread signal=SIGTERM" in done.stderr
+
+
+def test_a_signal_the_main_thread_gets_is_heard_once_and_not_forwarded() -> None:
+    done = _child("main")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["installed True", "woke 1 1"]
+    assert "did not hear" not in done.stderr
+
+
+def test_another_owners_wakeup_fd_is_left_alone() -> None:
+    # Nothing forwards then: the signal to the main thread is still heard.
+    done = _child("main", other_owner=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["installed True", "wakeup fd kept True", "woke 1 1"]

@@ -1,0 +1,70 @@
+"""A SIGTERM the kernel hands to one of the engine core's other threads still
+shuts the engine down, and the event log is sealed (``connector.shutdown_signal``).
+
+vLLM 0.32's idle engine core waits on its input queue with no timeout; CPython
+runs its SIGTERM handler only on the main thread, when it wakes. A process-directed
+signal may land on any thread, and one that lands elsewhere leaves the engine
+running until its manager kills it, with no END in our log (reproduced with no KV
+connector: bench/README.md, stop 26). Here ``tgkill`` sends it to another thread of
+a real engine running our connector, and nothing else wakes the engine: the test
+process waits for it to exit on its own."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from testkit.engine import shutdown as engine_shutdown
+from testkit.engine import tiny_llm
+from testkit.engine_log import ENV as ENGINE_LOG_ENV
+from testkit.engine_log import engine_log_tail
+from testkit.lmcache_server import LMCacheServer
+from tests.e2e.test_connector import our_kv_transfer_config
+
+pytestmark = pytest.mark.e2e
+
+EXIT_WITHIN_S = 30.0  # a loaded 2-core box; it exits in about a second when heard
+FORWARDED = "did not hear a signal; sent it to the main thread signal=SIGTERM"
+
+
+def test_a_sigterm_to_another_engine_thread_shuts_the_engine_down_and_seals_the_log(
+    tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path,
+) -> None:
+    from vllm import SamplingParams, TokensPrompt
+
+    from replay.runner import replay
+
+    log_dir = tmp_path / "events"
+    llm = tiny_llm(tiny_model_dir, our_kv_transfer_config(lmcache_server, log_dir),
+                   pool_blocks=96)
+    try:
+        rng = random.Random(3)
+        prompt = TokensPrompt(prompt_token_ids=[rng.randrange(3, 2048) for _ in range(300)])
+        llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+        (engine,) = llm.llm_engine.engine_core.resources.engine_manager.processes
+        time.sleep(1.0)  # idle: the main thread waits on its input queue
+        others = sorted(int(tid) for tid in os.listdir(f"/proc/{engine.pid}/task")
+                        if int(tid) != engine.pid)
+        assert others, "the engine core has no thread but its main one"
+        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+        assert tgkill(engine.pid, others[-1], int(signal.SIGTERM)) == 0
+        engine.join(EXIT_WITHIN_S)
+        assert not engine.is_alive(), (
+            f"the engine did not hear a SIGTERM sent to its thread {others[-1]} in "
+            f"{EXIT_WITHIN_S:.0f}s:\n{engine_log_tail()}")
+    finally:
+        engine_shutdown(llm)
+        del llm
+    sealed = replay(log_dir)
+    assert sealed.ok and sealed.ended_cleanly, (sealed.divergence, sealed.damage)
+    log_path = os.environ.get(ENGINE_LOG_ENV)
+    if log_path:  # the engine said why (unless the caller routes vLLM's logs itself)
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+        assert any(FORWARDED in line and f"pid={engine.pid}" in line for line in lines), \
+            engine_log_tail()
