@@ -1,6 +1,11 @@
 """``replay verify`` on one core, this tree beside another revision (not a timed test).
 
     PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against 6941194 [--pairs 40]
+    PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against aac7820 --against-log OLD
+
+``--against-log``: the other revision verifies that log instead, its own
+recording of the same trace (a revision older than the log's schema cannot
+read this tree's); the per-pair ratio is then of time per step.
 
 Starts one warm process per tree (this checkout, and ``git archive REV``),
 each holding its own imports, and asks them for one in-process
@@ -12,7 +17,8 @@ Prints, per tree, the best, the quartiles and the median in ms and steps/s,
 and for this tree the pairs it won and the median of its per-pair ratio.
 
 A log to use: the ``ours EA`` arm of ``bench.simulate --scale issue12
---configs 0`` (its ``event_log_dir`` is printed first), the issue-11 trace.
+--configs 0`` (its ``event_log_dir`` is printed first), the issue-11 trace;
+the same command run in ``git archive REV`` gives that revision's log.
 """
 
 from __future__ import annotations
@@ -77,14 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", help="an event log file or directory")
     parser.add_argument("--against", required=True, help="a git revision to verify beside")
+    parser.add_argument("--against-log", default=None,
+                        help="the log the other revision verifies (default: LOG)")
     parser.add_argument("--pairs", type=int, default=40, help="verifies per tree (>= 4)")
     args = parser.parse_args(argv)
     if args.pairs < 4:
         parser.error(f"--pairs {args.pairs}: expected at least 4")
     log = str(Path(args.log).resolve())
-    steps = _steps(log)
+    their_log = str(Path(args.against_log).resolve()) if args.against_log else log
+    steps = {"this tree": _steps(log), args.against: _steps(their_log)}
     with extracted(args.against, "bench-verify-tree-") as other:
-        workers = {args.against: _worker(other, log), "this tree": _worker(REPO, log)}
+        workers = {args.against: _worker(other, their_log), "this tree": _worker(REPO, log)}
         times: dict[str, list[float]] = {name: [] for name in workers}
         try:
             for pair in range(args.pairs):
@@ -95,17 +104,21 @@ def main(argv: list[str] | None = None) -> int:
             for worker in workers.values():
                 worker.kill()
                 worker.wait()
-    print(f"{log}: {steps:,} steps; {args.pairs} verifies per tree, alternating "
+    for name, path in (("this tree", log), (args.against, their_log)):
+        print(f"{name}: {path}: {steps[name]:,} steps")
+    print(f"{args.pairs} verifies per tree, alternating "
           "(CPU time of one in-process `replay verify --workers 1`)\n")
     print("| tree | best ms (steps/s) | quartiles ms | median steps/s |")
     print("|---|---|---|---|")
     for name, measured in times.items():
-        print(_row(name, measured, steps))
-    ratios = [ours / theirs for ours, theirs in zip(times["this tree"], times[args.against],
-                                                      strict=True)]
+        print(_row(name, measured, steps[name]))
+    per_step = {name: [ms / steps[name] for ms in measured] for name, measured in times.items()}
+    ratios = [ours / theirs for ours, theirs in zip(per_step["this tree"],
+                                                      per_step[args.against], strict=True)]
     won = sum(ratio < 1.0 for ratio in ratios)
-    print(f"\nthis tree faster in {won} of {args.pairs} pairs; median time ratio "
-          f"(this / {args.against}) {statistics.median(ratios):.3f}")
+    print(f"\nthis tree faster in {won} of {args.pairs} pairs; median ratio of time per step "
+          f"(this / {args.against}) {statistics.median(ratios):.3f} "
+          f"= {1 / statistics.median(ratios):.2f}x the steps/s")
     return 0
 
 
