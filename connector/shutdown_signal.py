@@ -33,11 +33,15 @@ to the main thread (``signal.pthread_kill``), once. The byte that forward
 causes is not forwarded again. vLLM's handler is idempotent (it sets a flag
 and arms a one-shot wakeup), so a signal heard twice (two signals that
 CPython ran as one call, say) is harmless. Where another owner already set
-a wakeup fd, it is left alone and nothing is forwarded.
+a wakeup fd, it is left alone and nothing is forwarded. A child forked after
+:func:`install` drops the wakeup fd it inherits (its signals would otherwise
+reach the parent's forwarder, which would send them to the parent).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import socket
 import threading
@@ -113,10 +117,22 @@ def _start_forwarder(heard: _Heard) -> None:
         reader.close()
         writer.close()
         return
+    os.register_at_fork(after_in_child=functools.partial(_forget_in_child, writer.fileno()))
     main_id = threading.main_thread().ident
     assert main_id is not None
     threading.Thread(target=_forward, args=(reader, writer, heard, main_id),
                      name="lazy-offload-signal", daemon=True).start()
+
+
+def _forget_in_child(wakeup_fd: int) -> None:
+    """A forked child (no forwarder thread in it) must not write its own
+    signals into the parent's socket: the parent would forward them."""
+    try:
+        previous = signal.set_wakeup_fd(-1)
+        if previous != wakeup_fd:  # another owner's since: theirs stays
+            signal.set_wakeup_fd(previous)
+    except ValueError:  # forked from a thread CPython does not take as main
+        pass
 
 
 def _forward(reader: socket.socket, writer: socket.socket, heard: _Heard, main_id: int) -> None:

@@ -30,7 +30,9 @@ ABORT_LEAD_S = 5.0
 # thread never wakes and the engine never shuts down (reproduced without any KV
 # connector by sending SIGTERM to one of the engine's other threads; bench/README.md,
 # stop 26). So an engine still alive this long after shutdown began gets SIGTERM
-# again, sent to its main thread, which wakes it; the engine log says so.
+# again, sent to its main thread, which wakes it; the engine log says so. An engine
+# running our connector does that itself (``connector.shutdown_signal``); this is
+# for the others (no connector, LMCache's own).
 REDELIVER_AFTER_S = 10.0
 
 

@@ -4,7 +4,8 @@ no timeout, and the SIGTERM handler wakes it through a helper thread (as
 vLLM's ``SignalCallback`` does). A signal sent to another thread by
 ``tgkill`` must still reach the handler; a signal sent to the main thread
 must be heard once and not forwarded, and a forward is not forwarded
-again; another owner's wakeup fd stays.
+again; a forked child's signal stays the child's; another owner's wakeup fd
+stays.
 The e2e test with a real engine: ``tests/e2e/test_shutdown_signal.py``."""
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ _CHILD = textwrap.dedent("""
         tid = os.getpid() if target == "main" else parked_tid[0]
         ctypes.CDLL(None, use_errno=True).tgkill(os.getpid(), tid, int(signal.SIGTERM))
 
+    if target == "forked child":  # the child's own signal is not the parent's
+        child = os.fork()
+        if child == 0:
+            signal.raise_signal(signal.SIGTERM)
+            os._exit(0)
+        os.waitpid(child, 0)
+        try:
+            inbox.get(timeout=1.0)
+        except queue.Empty:
+            print("not woken", len(heard), flush=True)
+        sys.exit(0)
     threading.Thread(target=park, daemon=True).start()
     threading.Timer(0.3, send).start()
     inbox.get()  # idle, no timeout: only the handler wakes it
@@ -81,6 +93,13 @@ def test_a_signal_the_main_thread_gets_is_heard_once_and_not_forwarded() -> None
     done = _child("main")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["installed True", "woke 1 1"]
+    assert "did not hear" not in done.stderr
+
+
+def test_a_forked_childs_signal_is_not_sent_to_the_parent() -> None:
+    done = _child("forked child")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["installed True", "not woken 0"]
     assert "did not hear" not in done.stderr
 
 
