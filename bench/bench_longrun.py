@@ -12,7 +12,8 @@ come from every worker 1 to 3 steps after a store, 2 % fail. Every callback
 goes through ``connector.recording.EventRecorder`` (64 MiB files, each after
 the first starting with a snapshot, one more every 10,000 events). Then it
 prints: bytes per step and per event, ``replay verify`` steps/s on one core
-and on every core (``--workers 0``), ``explain`` latency for a request near
+and on every core (``--workers 0``; ``--verify-rounds`` rounds, alternating,
+and the speed-up of each round and their median), ``explain`` latency for a request near
 the end, one early in the run and one token step (``--at``, mid-run), and
 ``diff`` time for the log against a copy whose outcome check was altered
 near the end.
@@ -25,6 +26,7 @@ import io
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -194,6 +196,8 @@ def main() -> None:
     parser.add_argument("--pool-blocks", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", help="write the log here (default: a temp dir)")
+    parser.add_argument("--verify-rounds", type=int, default=3,
+                        help="rounds of a 1-core then an all-core verify, alternating")
     args = parser.parse_args()
     directory = Path(args.keep or tempfile.mkdtemp(prefix="bench-longrun-"))
     started = time.perf_counter()
@@ -205,11 +209,19 @@ def main() -> None:
     print(f"log: {args.steps:,} steps, {events:,} events, {len(files)} files, {size:,} bytes "
           f"at {directory} (generated in {generate_s:.0f} s)")
     print(f"bytes per step {size / args.steps:.0f}, per event {size / events:.1f}")
-    for workers in (1, 0):
-        elapsed, code, _ = _timed(["verify", str(directory), "--workers", str(workers)])
-        label = "1 core" if workers == 1 else f"all {os.cpu_count()} cores"
-        print(f"verify ({label}): {elapsed:.1f} s = {args.steps / elapsed:,.0f} steps/s = "
-              f"{events / elapsed:,.0f} events/s (exit {code})")
+    speedups = []
+    for round_ in range(1, args.verify_rounds + 1):
+        times_s = {}
+        for workers in (1, 0):
+            elapsed, code, _ = _timed(["verify", str(directory), "--workers", str(workers)])
+            times_s[workers] = elapsed
+            label = "1 core" if workers == 1 else f"all {os.cpu_count()} cores"
+            print(f"verify round {round_} ({label}): {elapsed:.1f} s = "
+                  f"{args.steps / elapsed:,.0f} steps/s = {events / elapsed:,.0f} events/s "
+                  f"(exit {code})")
+        speedups.append(times_s[1] / times_s[0])
+    print(f"verify speed-up on all {os.cpu_count()} cores, per round: "
+          f"{', '.join(f'{x:.2f}x' for x in speedups)}; median {statistics.median(speedups):.2f}x")
     elapsed, code, _ = _timed(["explain", str(directory), "--request", request])
     print(f"explain --request {request} (finished near the end): {elapsed:.1f} s (exit {code})")
     early = f"req-{int(request.split('-')[1]) // 20}"
