@@ -13,7 +13,8 @@ goes through ``connector.recording.EventRecorder`` (64 MiB files, each after
 the first starting with a snapshot, one more every 10,000 events). Then it
 prints: bytes per step and per event, ``replay verify`` steps/s on one core
 and on every core (``--workers 0``; ``--verify-rounds`` rounds, alternating,
-and the speed-up of each round and their median), ``explain`` latency for a request near
+each ``python -m replay verify`` in a fresh process, with the speed-up of each
+round and their median), ``explain`` latency for a request near
 the end, one early in the run and one token step (``--at``, mid-run), and
 ``diff`` time for the log against a copy whose outcome check was altered
 near the end.
@@ -27,6 +28,8 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +37,7 @@ from pathlib import Path
 import attrs
 import msgpack
 
+from bench.trees import REPO
 from connector.recording import EventRecorder
 from offload_fsm.events import CandidateOffered, StepScheduled
 from offload_fsm.framing import Record, frame, scan
@@ -189,6 +193,15 @@ def _timed(argv: list[str]) -> tuple[float, int, str]:
     return time.perf_counter() - started, code, out.getvalue()
 
 
+def _timed_cli(argv: list[str]) -> tuple[float, int]:
+    """``python -m replay ARGV`` in a fresh process, as an operator runs it (this
+    process's heap, the generated run's, would be inherited by forked workers)."""
+    started = time.perf_counter()
+    code = subprocess.run([sys.executable, "-m", "replay", *argv], stdout=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
+    return time.perf_counter() - started, code
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=360_000)
@@ -213,7 +226,7 @@ def main() -> None:
     for round_ in range(1, args.verify_rounds + 1):
         times_s = {}
         for workers in (1, 0):
-            elapsed, code, _ = _timed(["verify", str(directory), "--workers", str(workers)])
+            elapsed, code = _timed_cli(["verify", str(directory), "--workers", str(workers)])
             times_s[workers] = elapsed
             label = "1 core" if workers == 1 else f"all {os.cpu_count()} cores"
             print(f"verify round {round_} ({label}): {elapsed:.1f} s = "
