@@ -107,13 +107,12 @@ def _start_forwarder(heard: _Heard) -> None:
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # set_wakeup_fd's requirement
     try:
-        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        previous_fd: int | None = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     except ValueError:  # not the main thread of the main interpreter
-        reader.close()
-        writer.close()
-        return
-    if previous_fd != -1:  # another owner's: theirs stays
-        signal.set_wakeup_fd(previous_fd)
+        previous_fd = None
+    if previous_fd != -1:  # not set, or another owner's (theirs stays): no forwarder
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
         reader.close()
         writer.close()
         return

@@ -71,13 +71,20 @@ def _abort_stuck(processes: list[Any], waited_s: float) -> None:
                 os.kill(process.pid, signal.SIGABRT)
 
 
+def signal_thread(pid: int, tid: int, signum: int) -> bool:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` (glibc's ``tgkill``;
+    the main thread's id is ``pid``). False where it was not sent: no
+    ``tgkill`` (glibc < 2.30), or the call failed."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    return tgkill is not None and tgkill(pid, tid, signum) == 0
+
+
 def _redeliver(processes: list[Any], waited_s: float) -> None:
-    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
     for process in processes:
-        if process.is_alive() and process.pid is not None and tgkill is not None:
+        if process.is_alive() and process.pid is not None:
             engine_log.note(f"{process.name} pid={process.pid} still running {waited_s:.0f}s "
                             "after shutdown began: SIGTERM again, to its main thread")
-            tgkill(process.pid, process.pid, int(signal.SIGTERM))  # main thread id == pid
+            signal_thread(process.pid, process.pid, int(signal.SIGTERM))
 
 
 def tiny_llm(model_dir: Any, kv_transfer_config: dict[str, Any] | None, *,

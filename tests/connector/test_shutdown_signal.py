@@ -20,8 +20,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = textwrap.dedent("""
-    import ctypes, logging, os, queue, signal, sys, threading
+    import logging, os, queue, signal, sys, threading
     from connector import shutdown_signal
+    from testkit.engine import signal_thread
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     target, other_owner = sys.argv[1], sys.argv[2] == "1"
@@ -52,7 +53,7 @@ _CHILD = textwrap.dedent("""
         while not parked_tid:
             pass
         tid = os.getpid() if target == "main" else parked_tid[0]
-        ctypes.CDLL(None, use_errno=True).tgkill(os.getpid(), tid, int(signal.SIGTERM))
+        signal_thread(os.getpid(), tid, int(signal.SIGTERM))
 
     if target == "forked child":  # the child's own signal is not the parent's
         child = os.fork()

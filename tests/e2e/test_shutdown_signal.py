@@ -11,7 +11,6 @@ process waits for it to exit on its own."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from testkit.engine import shutdown as engine_shutdown
-from testkit.engine import tiny_llm
+from testkit.engine import signal_thread, tiny_llm
 from testkit.engine_log import ENV as ENGINE_LOG_ENV
 from testkit.engine_log import engine_log_tail
 from testkit.lmcache_server import LMCacheServer
@@ -75,8 +74,7 @@ def test_a_sigterm_to_another_engine_thread_shuts_the_engine_down_and_seals_the_
         others = sorted(tid for tid in map(int, os.listdir(f"/proc/{engine.pid}/task"))
                         if tid != engine.pid and _takes_sigterm(engine.pid, tid))
         assert others, "the engine core has no thread but its main one that takes SIGTERM"
-        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
-        assert tgkill(engine.pid, others[-1], int(signal.SIGTERM)) == 0
+        assert signal_thread(engine.pid, others[-1], int(signal.SIGTERM))
         assert _exits(engine.pid, EXIT_WITHIN_S), (
             f"the engine did not hear a SIGTERM sent to its thread {others[-1]} in "
             f"{EXIT_WITHIN_S:.0f}s:\n{engine_log_tail()}")
