@@ -23,10 +23,10 @@ from types import SimpleNamespace
 
 from bench.bench_fold import read_events
 from connector.metrics import StatsSource
-from offload_fsm.events import ShutdownRequested, StepScheduled
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
+from offload_fsm.vocabulary.events import ShutdownRequested, StepScheduled
 from replay.runner import config_of
 
 

@@ -39,14 +39,14 @@ import msgpack
 
 from bench.trees import REPO
 from connector.recording import EventRecorder
-from offload_fsm.events import CandidateOffered, StepScheduled
-from offload_fsm.framing import Record, frame, scan
-from offload_fsm.logbatch import Deflater, Inflater, encode_batch
-from offload_fsm.logformat import BATCH, HEADER, SNAPSHOT
-from offload_fsm.machine import watches, window_depth
+from offload_fsm.log.batch import Deflater, Inflater, encode_batch
+from offload_fsm.log.framing import Record, frame, scan
+from offload_fsm.log.records import BATCH, HEADER, SNAPSHOT
+from offload_fsm.queries import watches, window_depth
 from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import RecordingWorld, default_config
 from offload_fsm.testing.world import FakePool
+from offload_fsm.vocabulary.events import CandidateOffered, StepScheduled
 from replay.cli import main as replay_main
 from testkit.logedit import rekeyed
 

@@ -35,7 +35,7 @@ from typing import Any
 from bench import bench_longrun
 from bench.trees import extracted
 from connector.recording import EventRecorder
-from offload_fsm.logformat import SCHEMA_VERSION
+from offload_fsm.log.records import SCHEMA_VERSION
 
 
 def measure(steps: int, seed: int) -> dict[str, Any]:

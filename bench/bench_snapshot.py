@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from offload_fsm import snapshot
-from offload_fsm.codec import packb, state_digest, unpackb
-from offload_fsm.config import OffloadConfig, Policy
-from offload_fsm.events import CandidateOffered, RequestArrived
+from offload_fsm.digest import state_digest
+from offload_fsm.log import snapshot
+from offload_fsm.log.wire import packb, unpackb
 from offload_fsm.machine import step
 from offload_fsm.state import State, new_state
+from offload_fsm.vocabulary.config import OffloadConfig, Policy
+from offload_fsm.vocabulary.events import CandidateOffered, RequestArrived
 
 
 def build(policy: Policy, *, ops: int, requests: int, blocks_per_op: int = 2) -> State:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.bench_fold import read_events
 from bench.trees import REPO, extracted
-from offload_fsm.events import StepScheduled
+from offload_fsm.vocabulary.events import StepScheduled
 
 # One verify per line read; its CPU time in ms per line written.
 _WORKER = """

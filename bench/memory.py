@@ -18,9 +18,9 @@ import sys
 import tracemalloc
 
 from offload_fsm import parse_config
-from offload_fsm.events import CandidateOffered, RequestArrived
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
+from offload_fsm.vocabulary.events import CandidateOffered, RequestArrived
 
 
 def measure(

@@ -2,8 +2,8 @@
 
 Log files
 ---------
-A writer appends framed records (see :mod:`offload_fsm.framing`) to files
-``<directory>/<prefix>-<seqno:06d>.lolog`` (named by :mod:`offload_fsm.logfiles`),
+A writer appends framed records (see :mod:`offload_fsm.log.framing`) to files
+``<directory>/<prefix>-<seqno:06d>.lolog`` (named by :mod:`offload_fsm.log.names`),
 seqno starting at ``000000``.
 The default prefix is ``<UTC timestamp>-<pid>``.  When appending the next
 record would push the current file past ``max_file_bytes`` the file is
@@ -32,7 +32,7 @@ Contract towards the caller (the vLLM scheduler thread)
   ``close`` is idempotent and registered with :mod:`atexit`, so a normal
   interpreter exit drains the queue and flushes.  A crash loses at most the
   queued/unflushed tail and leaves at most a torn last record, which
-  :func:`offload_fsm.framing.scan` reports as damage and skips.
+  :func:`offload_fsm.log.framing.scan` reports as damage and skips.
 * With ``pack``, consecutive items for which ``batchable(item)`` holds are
   encoded into one pending batch, written as the single record
   ``pack(payloads)`` (the caller compresses there) at the next flush, when
@@ -69,18 +69,16 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from offload_fsm.framing import Damage, Record, frame, scan_stream
-from offload_fsm.logfiles import file_name, file_sort_key, parse_file_name
+from offload_fsm.log.framing import frame
+from offload_fsm.log.names import file_name, file_sort_key, parse_file_name
 
 __all__ = [
     "EventLogWriter",
     "default_prefix",
-    "log_files",
-    "read_log_file",
 ]
 
 _log = logging.getLogger(__name__)
@@ -884,26 +882,3 @@ def _discard(f: BinaryIO, path: Path) -> None:
         f.close()
     with contextlib.suppress(OSError):
         path.unlink()
-
-
-# ------------------------------------------------------------ reading helpers
-
-def log_files(directory: str | os.PathLike[str], prefix: str | None = None) -> list[Path]:
-    """The ``*.lolog`` files of ``directory`` (optionally one prefix), by prefix then seqno."""
-    out = []
-    for path in Path(directory).iterdir():
-        parsed = parse_file_name(path.name)
-        if parsed is None or not path.is_file():
-            continue
-        if prefix is not None and parsed[0] != prefix:
-            continue
-        out.append(path)
-    return sorted(out, key=lambda path: file_sort_key(path.name))
-
-
-def read_log_file(
-    path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20
-) -> Iterator[Record | Damage]:
-    """Validate and yield the records (and damage) of one log file."""
-    with open(path, "rb") as f:
-        yield from scan_stream(f, chunk_bytes=chunk_bytes)

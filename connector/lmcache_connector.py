@@ -49,8 +49,8 @@ from connector.eventlog import EventLogWriter
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
-from offload_fsm.config import PREFIX, ConfigError, OffloadConfig, Policy
-from offload_fsm.decisions import SelectReason
+from offload_fsm.vocabulary.config import PREFIX, ConfigError, OffloadConfig, Policy
+from offload_fsm.vocabulary.decisions import SelectReason
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
 DEFAULT_LOG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lazy-offload", "logs")

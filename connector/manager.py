@@ -23,7 +23,7 @@ log lines ``connector.narrator``, the rules the core's.
 Keeping vLLM stepping: ``has_inflight_store_work`` (LMCache's
 ``has_pending_push_work``, which vLLM's ``Scheduler.has_requests`` reads)
 asks the core (``keeps_stepping``): a store in flight, or, with a tail flush
-on (``offload_fsm.tail``), a finished request's intact buffered ops that a
+on (``offload_fsm.rules.tail_flush``), a finished request's intact buffered ops that a
 coming empty step will flush. vLLM's engine-core busy loop then runs
 zero-token steps, whose connector metadata the workers still execute
 (``kv_connector_no_forward`` binds it and calls ``wait_for_save``). The
@@ -37,7 +37,7 @@ exception leaves these methods. On any failure, of the core (a rejected
 event, a core bug) or of the shell itself, the shell logs one error with the
 event's sequence number and the reason, records the applied events and the
 rejection in the event log, and switches to drain-only mode
-(``offload_fsm.drain_only``): pins of ops LMCache never saw are released at
+(``offload_fsm.after_failure``): pins of ops LMCache never saw are released at
 once, pins of stores it was handed are kept until their receipts arrive (or
 their lease ends), sessions keep ending, nothing new is submitted, and vLLM
 keeps serving.
@@ -58,7 +58,10 @@ from connector.logs import get_logger
 from connector.narrator import Narrator, counters_line
 from connector.stores import StoreBuilder
 from offload_fsm import OffloadConfig, Policy, drive, new_state
-from offload_fsm.commands import (
+from offload_fsm.after_failure import DrainOnly
+from offload_fsm.queries import changed_hashes, has_in_flight, keeps_stepping, window_depth
+from offload_fsm.rules.pins import decref
+from offload_fsm.vocabulary.commands import (
     Command,
     EndSession,
     ProtectBlocks,
@@ -67,8 +70,8 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.counters import Counter
-from offload_fsm.decisions import (
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.decisions import (
     OpRejected,
     OpsDropped,
     ShutdownLeft,
@@ -76,9 +79,8 @@ from offload_fsm.decisions import (
     StoreSettled,
     TailFlushed,
 )
-from offload_fsm.drain_only import DrainOnly
-from offload_fsm.errors import CommandFailed, StepFailed
-from offload_fsm.events import (
+from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     ChunksMissing,
     Event,
@@ -93,14 +95,7 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.machine import (
-    Outcome,
-    changed_hashes,
-    has_in_flight,
-    keeps_stepping,
-    window_depth,
-)
-from offload_fsm.pins import decref
+from offload_fsm.vocabulary.outcome import Outcome
 
 
 class EventSourcedManager:

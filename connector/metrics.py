@@ -12,7 +12,7 @@ Primitives:
 
 * :class:`LazyOffloadConnectorStats`: LMCache's ``LMCacheMPConnectorStats``
   (its lookup latencies kept as they are) plus two dicts: counter deltas by
-  :class:`offload_fsm.counters.Counter` name, and gauges (latest value wins).
+  :class:`offload_fsm.vocabulary.counters.Counter` name, and gauges (latest value wins).
 * :class:`StatsSource`: scheduler side, one per connector: what changed since
   the last call, read from the manager (the core's state, read only); ``None``
   when nothing did, so an idle engine sends nothing.
@@ -39,9 +39,16 @@ from lmcache.integration.vllm.lmcache_mp_metrics import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, HELD, REJECTED, SELECTED_BY, Counter
-from offload_fsm.decisions import SelectReason
 from offload_fsm.state import BatchStatus, OpStatus
+from offload_fsm.vocabulary.counters import (
+    DROPPED_OPS,
+    DROPPED_TOKENS,
+    HELD,
+    REJECTED,
+    SELECTED_BY,
+    Counter,
+)
+from offload_fsm.vocabulary.decisions import SelectReason
 
 COUNTERS_KEY: Final = "lazy_offload_counters"
 GAUGES_KEY: Final = "lazy_offload_gauges"
@@ -130,7 +137,7 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
 # A counter the core grows later is exported under its own name until it earns an entry
 # above (HELD[...] ones join the holds family automatically through the table).
 COUNTER_FAMILIES += tuple(
-    _one(counter.value, counter, f"Core counter {counter.value} (offload_fsm.counters).")
+    _one(counter.value, counter, f"Core counter {counter.value} (offload_fsm.vocabulary.counters).")
     for counter in Counter
     if all(counter not in family.members.values() for family in COUNTER_FAMILIES)
 )

@@ -16,8 +16,10 @@ from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
-from offload_fsm.counters import Counter
-from offload_fsm.decisions import (
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.state import State
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     OpRejected,
     OpsDropped,
@@ -26,9 +28,7 @@ from offload_fsm.decisions import (
     StoreAbandoned,
     StoreSettled,
 )
-from offload_fsm.invariants import ledger_terms
-from offload_fsm.machine import Outcome
-from offload_fsm.state import State
+from offload_fsm.vocabulary.outcome import Outcome
 
 COUNTERS_LOG_INTERVAL_S = 5.0
 MAX_IDS_IN_LOG_LINE = 8

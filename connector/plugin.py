@@ -13,7 +13,7 @@ front end resolves the connector class much earlier, in
 process starts. :func:`register` wraps ``KVConnectorFactory.get_connector_class``
 so that a resolution which yields a class with ``check_lazy_offload_config``
 (ours) validates the config's ``kv_connector_extra_config`` there, raising
-the same :class:`offload_fsm.config.ConfigError` as the constructor. Any
+the same :class:`offload_fsm.vocabulary.config.ConfigError` as the constructor. Any
 other connector class is returned untouched.
 """
 

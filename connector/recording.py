@@ -34,7 +34,7 @@ Files, snapshots and disk use
 -----------------------------
 Each file starts with a header (config, policy, world size, versions); each
 file but the first follows it with a SNAPSHOT of the whole state
-(:mod:`offload_fsm.snapshot`), so any one file replays alone. The state
+(:mod:`offload_fsm.log.snapshot`), so any one file replays alone. The state
 lives on this thread and moves with the next ``step``, so the snapshot is
 taken here, and only when a rotation is due: the writer raises
 ``rotation_due`` once the file reaches ``max_file_bytes``, and at the next
@@ -42,7 +42,7 @@ batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
 the directory within ``max_total_bytes`` by deleting the oldest files.
 
-Schema 4 (``offload_fsm.logcompact``): every ``snapshot_every`` events, at a
+Schema 4 (``offload_fsm.log.compact``): every ``snapshot_every`` events, at a
 batch boundary, this thread also takes a snapshot that starts a new
 *segment* within the file, and before each snapshot (and the END) queues an
 INDEX item, which the writer thread turns into the ending segment's index
@@ -78,7 +78,7 @@ writer restarts its fold from that snapshot. The END's digest is taken
 here too, at close. The price: the core's cost once more on the writer
 thread, and a second copy of the state in memory (bounded as the state is).
 
-Wire format: :mod:`offload_fsm.logformat`.
+Wire format: :mod:`offload_fsm.log.records`.
 """
 
 from __future__ import annotations
@@ -90,19 +90,18 @@ from importlib import metadata
 from typing import Any
 
 from connector.eventlog import EventLogWriter, default_prefix
-from offload_fsm import snapshot
-from offload_fsm.codec import state_digest
-from offload_fsm.config import OffloadConfig
-from offload_fsm.events import Event, StepScheduled
-from offload_fsm.framing import frame
-from offload_fsm.logbatch import Deflater, encode_batch
-from offload_fsm.logcompact import (
+from offload_fsm.digest import state_digest
+from offload_fsm.log import snapshot
+from offload_fsm.log.batch import Deflater, encode_batch
+from offload_fsm.log.compact import (
     MAX_INDEX_REQUESTS,
     WireContext,
     encode_compact_inputs,
     requests_of,
 )
-from offload_fsm.logformat import (
+from offload_fsm.log.framing import frame
+from offload_fsm.log.peek import body_key
+from offload_fsm.log.records import (
     DIGEST,
     END,
     GAP,
@@ -124,11 +123,13 @@ from offload_fsm.logformat import (
     encode_rejected,
     encode_snapshot,
 )
-from offload_fsm.logpeek import body_key
-from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
-from offload_fsm.logwire import outcome_wire, wire
-from offload_fsm.machine import Outcome, step
+from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
+from offload_fsm.log.wire import outcome_wire, to_wire
+from offload_fsm.machine import step
 from offload_fsm.state import State, new_state
+from offload_fsm.vocabulary.config import OffloadConfig
+from offload_fsm.vocabulary.events import Event, StepScheduled
+from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = ["EventRecorder", "installed_versions"]
 
@@ -157,7 +158,7 @@ def state_summary(state: State) -> tuple[Any, ...]:
     checked against the live state it stands for."""
     return (state.step_index, state.next_op_id, state.next_batch_id, len(state.requests),
             len(state.batches), len(state.pins), len(state.stored_keys),
-            state.stored_keys_xor, state.free_blocks, state.poisoned,
+            state.stored_keys_xor, state.free_blocks, state.closed,
             tuple(state.counters.values()))
 
 
@@ -396,7 +397,7 @@ class _Encoder:
 
     def _add_requests(self, event: Event) -> None:
         if self._requests is not None:
-            self._requests.update(requests_of(wire(event)))
+            self._requests.update(requests_of(to_wire(event)))
 
     def _header(self) -> bytes:
         # created_s stays the run's start in every file, so the times of an

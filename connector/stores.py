@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
-from offload_fsm.commands import SubmitStore
+from offload_fsm.vocabulary.commands import SubmitStore
 
 
 class _Request(NamedTuple):

@@ -34,8 +34,6 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Final
 
-from offload_fsm.config import Policy
-from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
 from offload_fsm.state import (
     BatchStatus,
     Holders,
@@ -46,6 +44,8 @@ from offload_fsm.state import (
     live_of,
     owner_hashes_of,
 )
+from offload_fsm.vocabulary.config import Policy
+from offload_fsm.vocabulary.counters import DROPPED_OPS, DROPPED_TOKENS, Counter
 
 # unit -> (admitted, {settled term: counter}, {drop cause: counter})
 _UNITS: Final = {

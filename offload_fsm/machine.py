@@ -69,15 +69,17 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
-import attrs
-
-from offload_fsm import dedup, drain, eviction_aware, lifecycle, tail
-from offload_fsm.commands import Command
-from offload_fsm.decisions import Decision
-from offload_fsm.errors import CommandFailed, CoreFault, MachinePoisoned, StepFailed
-from offload_fsm.events import (
+from offload_fsm.policies import dedup, eviction_aware
+from offload_fsm.policies.registry import hooks_for
+from offload_fsm.rules import drain, lifecycle, tail_flush
+from offload_fsm.rules.legality import check
+from offload_fsm.rules.scope import Scope
+from offload_fsm.state import State
+from offload_fsm.vocabulary.commands import Command
+from offload_fsm.vocabulary.errors import CommandFailed, CoreFault, MachinePoisoned, StepFailed
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     ChunksMissing,
     Event,
@@ -92,35 +94,15 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.hooks import Scope
-from offload_fsm.legality import check
-from offload_fsm.policies import hooks_for
-from offload_fsm.queries import (
-    changed_hashes,
-    has_in_flight,
-    keeps_stepping,
-    watches,
-    window_depth,
-)
-from offload_fsm.state import State
+from offload_fsm.vocabulary.outcome import NO_OUTCOME, Outcome
 
-__all__ = ["Outcome", "changed_hashes", "drive", "has_in_flight", "keeps_stepping", "step",
-           "watches", "window_depth"]
-
-
-@attrs.frozen(kw_only=True)
-class Outcome:
-    decisions: tuple[Decision, ...]
-    commands: tuple[Command, ...]
-
-
-NO_OUTCOME: Final = Outcome(decisions=(), commands=())  # frozen, so one instance serves all
+__all__ = ["drive", "step"]
 
 
 _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     RequestArrived: lifecycle.on_arrived,
     CandidateOffered: lifecycle.on_offered,
-    StepScheduled: tail.on_step,
+    StepScheduled: tail_flush.on_step,
     RequestFinished: lifecycle.on_finished,
     RequestPreempted: lifecycle.on_preempted,
     ReceiptsArrived: drain.on_receipts,
@@ -129,14 +111,14 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     HashesRead: drain.on_hashes,
     FreeQueueRead: eviction_aware.on_queue_read,
     ChunksMissing: dedup.on_chunks_missing,
-    ShutdownBegan: tail.on_shutdown_began,
+    ShutdownBegan: tail_flush.on_shutdown_began,
 }
 
 
 def step(state: State, event: Event) -> Outcome:
     """Apply one event. See the module docstring for the contract."""
-    if state.poisoned is not None:
-        raise MachinePoisoned(f"{type(event).__name__} after the machine closed: {state.poisoned}")
+    if state.closed is not None:
+        raise MachinePoisoned(f"{type(event).__name__} after the machine closed: {state.closed}")
     handler = _HANDLERS.get(type(event))
     if handler is None:
         raise TypeError(f"not an offload_fsm event: {event!r}")
@@ -148,11 +130,11 @@ def step(state: State, event: Event) -> Outcome:
             state.context = None
     except StepFailed as error:
         error.event = event
-        state.poisoned = str(error)
+        state.closed = str(error)
         raise
     except Exception as error:
         reason = _describe(error, event)
-        state.poisoned = reason
+        state.closed = reason
         raise CoreFault(reason, event) from error
     if not scope.decisions and not scope.commands:
         return NO_OUTCOME
@@ -188,7 +170,7 @@ def drive(
                 answer = execute(command)
             except Exception as error:
                 reason = f"the shell failed to execute {type(command).__name__}: {error!r}"
-                state.poisoned = reason
+                state.closed = reason
                 failure = CommandFailed(reason, command)
                 failure.applied = tuple(applied)
                 failure.unexecuted = outcome.commands[index:]

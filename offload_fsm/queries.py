@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from offload_fsm.policies import hooks_for
+from offload_fsm.policies.registry import hooks_for
 from offload_fsm.state import BatchStatus, BlockHash, State
 
 

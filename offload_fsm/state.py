@@ -18,8 +18,8 @@ from typing import Final
 
 import attrs
 
-from offload_fsm.config import OffloadConfig
-from offload_fsm.counters import Counter, new_counters
+from offload_fsm.vocabulary.config import OffloadConfig
+from offload_fsm.vocabulary.counters import Counter, new_counters
 
 BlockHash = int | None
 
@@ -159,7 +159,7 @@ class StepContext:
 class State:
     config: OffloadConfig
     world_size: int
-    poisoned: str | None = None
+    closed: str | None = None  # why the machine closed: a failed step, or shutdown
     step_index: int = 0  # token-producing steps seen
     last_step_tokens: int = 0
     selected_in_step: int = 0

@@ -22,8 +22,9 @@ from replay import seek
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
+from replay.parallel import replay_parallel
 from replay.reader import UsageError
-from replay.runner import ReplayResult, config_of, replay, replay_parallel, spaced_collections
+from replay.runner import ReplayResult, config_of, replay, spaced_collections
 
 EXIT_OK = 0
 EXIT_DIVERGED = 1

@@ -48,13 +48,11 @@ from typing import Any, Final
 import attrs
 import msgpack
 
-from offload_fsm.codec import from_wire
-from offload_fsm.errors import LogCorrupt
-from offload_fsm.events import Event
-from offload_fsm.framing import Damage, scan_stream
-from offload_fsm.logbatch import Inflater
-from offload_fsm.logdecode import LogDecoder
-from offload_fsm.logformat import (
+from offload_fsm.log.batch import Inflater
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import Damage, scan_stream
+from offload_fsm.log.peek import payload_kind as _kind
+from offload_fsm.log.records import (
     BATCH,
     DIGEST,
     END,
@@ -65,13 +63,12 @@ from offload_fsm.logformat import (
     End,
     Header,
     Inputs,
-    outcome_check,
-    outcome_wire,
-    wire_check,
 )
-from offload_fsm.logpeek import payload_kind as _kind
-from offload_fsm.machine import Outcome
+from offload_fsm.log.wire import from_wire, outcome_check, outcome_wire, wire_check
 from offload_fsm.state import State
+from offload_fsm.vocabulary.errors import LogCorrupt
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
 from replay import seek
 from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
 from replay.runner import ReplayResult, replay

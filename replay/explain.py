@@ -25,8 +25,9 @@ from typing import Any
 
 import attrs
 
-from offload_fsm.commands import EndSession
-from offload_fsm.decisions import (
+from offload_fsm.state import State
+from offload_fsm.vocabulary.commands import EndSession
+from offload_fsm.vocabulary.decisions import (
     BatchOrphaned,
     OpsDropped,
     OpsHeld,
@@ -38,7 +39,7 @@ from offload_fsm.decisions import (
     StoreSettled,
     StoreSubmitted,
 )
-from offload_fsm.events import (
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     HashesRead,
@@ -48,8 +49,7 @@ from offload_fsm.events import (
     RequestPreempted,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome
-from offload_fsm.state import State
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import DROP_WHY, OpStory, OpTracker
 
 RUNS_SHOWN = 4  # runs of consecutive block ids printed before "+N more"

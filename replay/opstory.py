@@ -9,7 +9,7 @@ decision. It keeps one :class:`OpStory` per op of the requests it follows,
 in offer order, and moves it through the statuses ``buffered``, ``selected``
 (taken into a verifying batch), ``submitted``, then ``stored``, ``failed``
 or ``abandoned`` (its batch's receipts never all arrived); or ``rejected``
-at the offer, or ``dropped`` with a :class:`~offload_fsm.decisions.DropCause`.
+at the offer, or ``dropped`` with a :class:`~offload_fsm.vocabulary.decisions.DropCause`.
 An ``OpSplit`` cuts an op's story in two (the rest is buffered behind the
 front, as in the core). A duplicate drop of no whole op (``ops=0``) trims an op instead: its leading
 chunks are stored elsewhere, the rest goes on (``start_token`` moves on,
@@ -26,7 +26,8 @@ from typing import Any
 
 import attrs
 
-from offload_fsm.decisions import (
+from offload_fsm.state import State
+from offload_fsm.vocabulary.decisions import (
     OpRejected,
     OpsDropped,
     OpSplit,
@@ -35,9 +36,8 @@ from offload_fsm.decisions import (
     StoreSettled,
     StoreSubmitted,
 )
-from offload_fsm.events import CandidateOffered
-from offload_fsm.machine import Outcome
-from offload_fsm.state import State
+from offload_fsm.vocabulary.events import CandidateOffered
+from offload_fsm.vocabulary.outcome import Outcome
 
 ENDED = ("stored", "failed", "abandoned", "rejected", "dropped")
 

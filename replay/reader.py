@@ -2,9 +2,9 @@
 
 :func:`read_log` takes a ``.lolog`` file or a directory (all files of one run:
 one prefix, ordered by file number) and yields :class:`Entry` items (a
-decoded :class:`~offload_fsm.logformat.LogRecord` with its file and byte
+decoded :class:`~offload_fsm.log.records.LogRecord` with its file and byte
 offset) and :class:`LogDamage` items. Framing damage (short read, bad magic,
-bad length, CRC mismatch) comes from :mod:`offload_fsm.framing`, which
+bad length, CRC mismatch) comes from :mod:`offload_fsm.log.framing`, which
 resynchronises past it; payloads that frame correctly but do not decode are
 reported as ``unknown_tag``, ``schema_too_new`` or ``undecodable`` and skipped.
 A file whose first intact record is not a header is decoded with the current
@@ -22,13 +22,13 @@ from typing import BinaryIO, NamedTuple
 
 import attrs
 
-from offload_fsm.errors import LogCorrupt, SchemaTooNew, UnknownTag
-from offload_fsm.framing import HEADER_BYTES, Damage, Record, scan_stream
-from offload_fsm.logdecode import LogDecoder
-from offload_fsm.logfiles import FILE_SUFFIX, file_sort_key, parse_file_name
-from offload_fsm.logformat import SNAPSHOT, Header, LogRecord
-from offload_fsm.logpeek import body_at, payload_kind
-from offload_fsm.logsnapshot import KeysOf, LazyState
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import HEADER_BYTES, Damage, Record, scan_stream
+from offload_fsm.log.names import FILE_SUFFIX, file_sort_key, parse_file_name
+from offload_fsm.log.peek import body_at, payload_kind
+from offload_fsm.log.records import SNAPSHOT, Header, LogRecord
+from offload_fsm.log.snapshot_pack import KeysOf, LazyState
+from offload_fsm.vocabulary.errors import LogCorrupt, SchemaTooNew, UnknownTag
 
 
 @attrs.frozen(kw_only=True)

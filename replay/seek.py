@@ -33,14 +33,14 @@ from typing import Any
 import attrs
 import msgpack
 
-from offload_fsm.errors import LogCorrupt
-from offload_fsm.framing import Damage, scan_stream
-from offload_fsm.logcompact import requests_of
-from offload_fsm.logdecode import LogDecoder
-from offload_fsm.logformat import END, HEADER, INDEX, SNAPSHOT, Header, Index, Inputs, Snapshot
-from offload_fsm.logpeek import payload_kind
-from offload_fsm.logwire import wire
+from offload_fsm.log.compact import requests_of
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import Damage, scan_stream
+from offload_fsm.log.peek import payload_kind
+from offload_fsm.log.records import END, HEADER, INDEX, SNAPSHOT, Header, Index, Inputs, Snapshot
+from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
+from offload_fsm.vocabulary.errors import LogCorrupt
 from replay.reader import Entry, LogDamage, read_file, run_files
 from replay.runner import Observer, ReplayResult, _Fold, replay
 
@@ -157,7 +157,7 @@ def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:
         record = entry.record
         if type(record) is Inputs:
             assert isinstance(record, Inputs)
-            if any(req_id in requests_of(wire(event)) for event in record.events):
+            if any(req_id in requests_of(to_wire(event)) for event in record.events):
                 return True
     return False  # the file ended: the whole segment was read
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import Counter as Tally
 from typing import Any
 
-from offload_fsm.counters import DROPPED_OPS, DROPPED_TOKENS, REJECTED, Counter
-from offload_fsm.decisions import DropCause, OpsDropped, OpsSelected, RejectReason
-from offload_fsm.events import CandidateOffered, Event
 from offload_fsm.invariants import ledger_closes, ledger_terms
-from offload_fsm.machine import Outcome
 from offload_fsm.state import State
+from offload_fsm.vocabulary.counters import DROPPED_OPS, DROPPED_TOKENS, REJECTED, Counter
+from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, OpsSelected, RejectReason
+from offload_fsm.vocabulary.events import CandidateOffered, Event
+from offload_fsm.vocabulary.outcome import Outcome
 
 
 class SummaryObserver:

@@ -14,19 +14,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from offload_fsm.errors import LogCorrupt
-from offload_fsm.framing import Record, scan
-from offload_fsm.logdecode import LogDecoder
-from offload_fsm.logformat import (
-    PUB_TOPIC,
-    Digest,
-    End,
-    Gap,
-    Header,
-    Inputs,
-    LogRecord,
-    Rejected,
-)
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import Record, scan
+from offload_fsm.log.records import PUB_TOPIC, Digest, End, Gap, Header, Inputs, LogRecord, Rejected
+from offload_fsm.vocabulary.errors import LogCorrupt
 
 
 def describe(record: LogRecord) -> str:

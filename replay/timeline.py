@@ -34,8 +34,9 @@ from typing import Any
 
 import attrs
 
-from offload_fsm.counters import DROPPED_OPS, Counter
-from offload_fsm.events import (
+from offload_fsm.state import State
+from offload_fsm.vocabulary.counters import DROPPED_OPS, Counter
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
@@ -43,8 +44,7 @@ from offload_fsm.events import (
     RequestPreempted,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome
-from offload_fsm.state import State
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import OpStory, OpTracker
 from replay.runner import ReplayResult, replay
 

@@ -44,11 +44,25 @@ from typing import Any
 
 import attrs
 
-from offload_fsm.codec import state_digest
-from offload_fsm.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
-from offload_fsm.config import PREFIX, OffloadConfig, parse_recorded_config
-from offload_fsm.errors import InvalidEvent, MachinePoisoned
-from offload_fsm.events import (
+from offload_fsm.digest import state_digest
+from offload_fsm.log.framing import frame
+from offload_fsm.log.names import file_name
+from offload_fsm.log.records import (
+    SCHEMA_VERSION,
+    Header,
+    Inputs,
+    encode_digest,
+    encode_end,
+    encode_header,
+    encode_inputs,
+)
+from offload_fsm.machine import drive
+from offload_fsm.queries import watches, window_depth
+from offload_fsm.state import State, new_state
+from offload_fsm.vocabulary.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
+from offload_fsm.vocabulary.config import PREFIX, OffloadConfig, parse_recorded_config
+from offload_fsm.vocabulary.errors import InvalidEvent, MachinePoisoned
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
@@ -58,19 +72,7 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.framing import frame
-from offload_fsm.logfiles import file_name
-from offload_fsm.logformat import (
-    SCHEMA_VERSION,
-    Header,
-    Inputs,
-    encode_digest,
-    encode_end,
-    encode_header,
-    encode_inputs,
-)
-from offload_fsm.machine import Outcome, drive, watches, window_depth
-from offload_fsm.state import State, new_state
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.reader import LogDamage, read_log
 from replay.summary import SummaryObserver, summarize
 
@@ -263,7 +265,7 @@ class LogWriter:
 
     def close(self, state: State | None) -> None:
         self._flush()
-        digest = state_digest(state) if state is not None and not state.poisoned else ""
+        digest = state_digest(state) if state is not None and not state.closed else ""
         self._write(encode_end(self._seq, self._ms(), self._seq, digest))
         self._file.close()
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgpack
 
-from offload_fsm.logbatch import Inflater
-from offload_fsm.logformat import BATCH, DIGEST, GAP, HEADER, INDEX, INPUTS, REJECTED, SNAPSHOT
-from offload_fsm.logpeek import body_key, payload_kind
+from offload_fsm.log.batch import Inflater
+from offload_fsm.log.peek import body_key, payload_kind
+from offload_fsm.log.records import BATCH, DIGEST, GAP, HEADER, INDEX, INPUTS, REJECTED, SNAPSHOT
 
 
 def rekeyed(payloads: list[bytes]) -> list[bytes]:

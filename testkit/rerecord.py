@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_fsm import new_state
-from offload_fsm.logformat import Header, Inputs
+from offload_fsm.log.records import Header, Inputs
 from offload_fsm.machine import step
 from offload_fsm.state import State
 from replay.reader import Entry, read_log

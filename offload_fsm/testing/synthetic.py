@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from offload_fsm.config import OffloadConfig, Policy
-from offload_fsm.events import Event
-from offload_fsm.machine import Outcome
 from offload_fsm.state import State, new_state
 from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary.config import OffloadConfig, Policy
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
 
 Sink = Callable[[Sequence[tuple[Event, Outcome]], State], None]
 

@@ -14,7 +14,7 @@ really lost a block; a session ends only for a finished request.
 
 Faults (in the spirit of FoundationDB's buggify): ``fail_commands`` makes the
 executor raise on the next command of a type (the shell then switches to
-drain-only mode, ``offload_fsm.drain_only``, exactly as the connector does);
+drain-only mode, ``offload_fsm.after_failure``, exactly as the connector does);
 ``intrude`` lets an unmodelled consumer take blocks from the free-queue head,
 reported with the next step (an eviction just before a drain) or not at all
 (only the hash check can catch it).
@@ -27,7 +27,11 @@ from collections.abc import Iterable
 
 import attrs
 
-from offload_fsm.commands import (
+from offload_fsm.after_failure import DrainOnly
+from offload_fsm.machine import drive
+from offload_fsm.queries import watches, window_depth
+from offload_fsm.state import State
+from offload_fsm.vocabulary.commands import (
     Command,
     EndSession,
     ProtectBlocks,
@@ -36,10 +40,9 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import DropCause, OpsDropped, StoreAbandoned, StoreSettled
-from offload_fsm.drain_only import DrainOnly
-from offload_fsm.errors import CommandFailed, StepFailed
-from offload_fsm.events import (
+from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, StoreAbandoned, StoreSettled
+from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
@@ -52,8 +55,7 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome, drive, watches, window_depth
-from offload_fsm.state import State
+from offload_fsm.vocabulary.outcome import Outcome
 
 
 class FakePool:

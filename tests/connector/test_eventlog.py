@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from connector.eventlog import EventLogWriter, log_files, read_log_file
-from offload_fsm.framing import Damage, Record, frame, scan
+from connector.eventlog import EventLogWriter
+from offload_fsm.log.framing import Damage, Record, frame, scan, scan_stream
+from replay.reader import run_files
 
 HEADER = {"kind": "header", "schema": 1}
 
@@ -67,7 +68,8 @@ def test_items_written_in_order_and_readable(tmp_path: Path) -> None:
     assert w.items_lost == 0
     assert w.bytes_written == w.files[0].stat().st_size
     assert w.stats()["files"] == 1
-    assert list(read_log_file(w.files[0], chunk_bytes=5)) == list(scan(w.files[0].read_bytes()))
+    with w.files[0].open("rb") as stream:
+        assert list(scan_stream(stream, chunk_bytes=5)) == list(scan(w.files[0].read_bytes()))
 
 
 def test_periodic_flush_without_close(tmp_path: Path) -> None:
@@ -93,8 +95,7 @@ def test_rotation_each_file_starts_with_header(tmp_path: Path) -> None:
     files = w.files
     assert len(files) > 3
     assert [p.name for p in files] == [f"test-{n:06d}.lolog" for n in range(len(files))]
-    assert log_files(tmp_path) == list(files)
-    assert log_files(tmp_path, prefix="other") == []
+    assert run_files(tmp_path) == list(files)
     seen = []
     for path in files:
         payloads = _read(path)
@@ -254,7 +255,7 @@ def test_torn_tail_after_crash_is_reported_and_skipped(tmp_path: Path) -> None:
     path = w.files[0]
     data = path.read_bytes()
     path.write_bytes(data[:-3])  # simulate a crash in the middle of the last write
-    items = list(read_log_file(path))
+    items = list(scan(path.read_bytes()))
     records = [x for x in items if isinstance(x, Record)]
     damages = [x for x in items if isinstance(x, Damage)]
     assert [json.loads(r.payload) for r in records] == [HEADER, *[{"i": i} for i in range(9)]]

@@ -18,12 +18,13 @@ import pytest
 
 from connector import eventlog
 from connector.recording import EventRecorder
-from offload_fsm.config import OffloadConfig
-from offload_fsm.events import Event
-from offload_fsm.logformat import Gap, Header, Inputs, Snapshot
-from offload_fsm.machine import Outcome
+from offload_fsm.log.framing import scan
+from offload_fsm.log.records import Gap, Header, Inputs, Snapshot
 from offload_fsm.state import State
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.config import OffloadConfig
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
 from replay.reader import read_file
 from replay.runner import replay
@@ -90,8 +91,8 @@ def test_a_snapshot_that_does_not_match_its_digest_is_not_trusted(tmp_path: Path
     recorder.close(world.state)
     second = sorted(tmp_path.glob("*.lolog"))[1]
     records = _records(second)
-    from offload_fsm.framing import frame
-    from offload_fsm.logformat import encode_record
+    from offload_fsm.log.framing import frame
+    from tests.logrecords import encode_record
 
     header, snap = records[0], records[1]
     forged = Snapshot(seq=snap.seq, wall_time_s=snap.wall_time_s, digest="0" * 16,
@@ -335,7 +336,7 @@ def test_a_pending_batch_lost_to_a_full_disk_is_counted_by_its_events(
     assert writer.rotate("first")
     _wait(lambda: not writer.broken)
     assert writer.close()
-    second = [x.payload for x in eventlog.read_log_file(writer.files[1])]
+    second = [x.payload for x in scan(writer.files[1].read_bytes())]
     assert second == [b"'header'", b"('gap', 15)", b"'first'"]  # 3+1+4+1+5 events, + "alone"
     assert "after 15 lost event(s)" in warnings[-1]
 
@@ -434,7 +435,7 @@ def _unwritable(tmp_path: Path) -> Path:
 
 def test_a_configured_unwritable_log_dir_fails_start_up_naming_key_path_and_error(
         tmp_path: Path, make_recorder: Any) -> None:
-    from offload_fsm.config import ConfigError
+    from offload_fsm.vocabulary.config import ConfigError
 
     path = _unwritable(tmp_path)
     config = OffloadConfig(enabled=True, log_dir=str(path))

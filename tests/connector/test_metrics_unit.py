@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # no
 from connector import metrics  # noqa: E402
 from connector.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: E402
 from offload_fsm import Policy  # noqa: E402
-from offload_fsm.counters import Counter as CoreCounter  # noqa: E402
-from offload_fsm.decisions import SelectReason  # noqa: E402
 from offload_fsm.invariants import ledger_terms  # noqa: E402
 from offload_fsm.machine import step  # noqa: E402
 from offload_fsm.state import new_state  # noqa: E402
+from offload_fsm.vocabulary.counters import Counter as CoreCounter  # noqa: E402
+from offload_fsm.vocabulary.decisions import SelectReason  # noqa: E402
 from tests.connector.test_manager_faults import Shell  # noqa: E402
 from tests.offload_fsm.helpers import random_world_run  # noqa: E402
 

@@ -19,7 +19,7 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E
 
 from connector.manager import EventSourcedManager  # noqa: E402
 from offload_fsm import OffloadConfig, Policy  # noqa: E402
-from offload_fsm.events import Event, StepScheduled  # noqa: E402
+from offload_fsm.vocabulary.events import Event, StepScheduled  # noqa: E402
 
 BLOCK = 16
 

@@ -8,7 +8,7 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadat
 from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
 from connector.stores import StoreBuilder
-from offload_fsm.commands import SubmitStore
+from offload_fsm.vocabulary.commands import SubmitStore
 
 
 def _submit(start: int, end: int) -> SubmitStore:

@@ -119,7 +119,7 @@ def test_a_fold_that_decides_differently_warns_and_hands_back(
     did (a determinism bug, forced here): a warning names the event, and the
     digests and the next snapshot are taken from the live state, which replay
     then checks as usual."""
-    from offload_fsm.machine import NO_OUTCOME
+    from offload_fsm.vocabulary.outcome import NO_OUTCOME
 
     real_step = recording.step
     calls = [0]

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 from connector.recording import EventRecorder
-from offload_fsm.codec import state_digest
-from offload_fsm.logformat import SCHEMA_VERSION
+from offload_fsm.digest import state_digest
+from offload_fsm.log.records import SCHEMA_VERSION
 from replay.runner import config_of
 from testkit.rerecord import rerecord
 

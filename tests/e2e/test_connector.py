@@ -117,8 +117,8 @@ def test_lazy_offload_stores_and_retrieves(
     tmp_path: Path,
     lazy: dict[str, Any],
 ) -> None:
-    from offload_fsm.decisions import StoreSettled, StoreSubmitted
     from offload_fsm.invariants import ledger_closes
+    from offload_fsm.vocabulary.decisions import StoreSettled, StoreSubmitted
     from replay.runner import replay
 
     log_dir = tmp_path / "events"

@@ -137,7 +137,7 @@ def replay_log(log_dir: Path) -> tuple[Any, list[tuple[int, bool]]]:
     """Replay the event log (verify clean); return the final core state and, per
     settled store batch, (vLLM request index, failed). vLLM numbers requests
     ``<n>-<random>`` in submission order."""
-    from offload_fsm.decisions import StoreSettled
+    from offload_fsm.vocabulary.decisions import StoreSettled
     from replay.runner import replay
 
     settled: list[tuple[int, bool]] = []
@@ -170,8 +170,8 @@ def log_tail(log_dir: Path) -> str:
 FIRST_AFTER_REQUEST = NUM_PROMPTS
 
 def assert_books_balance(state: Any) -> dict[str, int]:
-    from offload_fsm.counters import Counter
     from offload_fsm.invariants import ledger_closes, pins_balance
+    from offload_fsm.vocabulary.counters import Counter
 
     counters = {str(k): int(v) for k, v in state.counters.items() if v}
     assert ledger_closes(state) == [], counters
@@ -219,7 +219,7 @@ def test_server_killed_serving_continues_and_stores_resume(
     lazy: dict[str, Any],
     record_property: Any,
 ) -> None:
-    from offload_fsm.counters import Counter
+    from offload_fsm.vocabulary.counters import Counter
 
     log_dir = tmp_path / "events"
     objects: dict[str, int] = {}
@@ -285,7 +285,7 @@ def test_server_hung_steps_bounded_then_recovers(
     in flight in the worker when it stops answering), SIGCONT after the phase."""
     import threading
 
-    from offload_fsm.counters import Counter
+    from offload_fsm.vocabulary.counters import Counter
 
     log_dir = tmp_path / "events"
     timers: list[threading.Timer] = []

@@ -62,7 +62,7 @@ def run(model_dir: Path, kv_transfer_config: dict[str, Any]) -> None:
 def test_chunks_the_server_evicted_are_forgotten_and_offered_again(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from offload_fsm.decisions import (
+    from offload_fsm.vocabulary.decisions import (
         OpRejected,
         RejectReason,
         StoredChunksForgotten,

@@ -120,8 +120,8 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 def test_the_idle_flush_stores_the_tail_after_the_last_request(runs: dict[str, Any]) -> None:
-    from offload_fsm.counters import Counter
-    from offload_fsm.decisions import FlushTrigger, TailFlushed
+    from offload_fsm.vocabulary.counters import Counter
+    from offload_fsm.vocabulary.decisions import FlushTrigger, TailFlushed
 
     run = runs["idle"]
     assert run["idle_objects"] == 2 * CHUNKS_PER_PROMPT, run
@@ -141,8 +141,8 @@ def test_the_idle_flush_stores_the_tail_after_the_last_request(runs: dict[str, A
 def test_without_it_the_tail_waits_and_the_shutdown_flush_stores_it(
     runs: dict[str, Any],
 ) -> None:
-    from offload_fsm.counters import Counter
-    from offload_fsm.decisions import ShutdownFlushBegan, ShutdownLeft, TailFlushed
+    from offload_fsm.vocabulary.counters import Counter
+    from offload_fsm.vocabulary.decisions import ShutdownFlushBegan, ShutdownLeft, TailFlushed
 
     run = runs["shutdown"]
     assert run["idle_objects"] == 0, run  # the idle tail is not flushed

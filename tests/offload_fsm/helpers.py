@@ -18,15 +18,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from offload_fsm import OffloadConfig, Policy, check_all, new_state, window_depth
-from offload_fsm.commands import (
+from offload_fsm.machine import drive
+from offload_fsm.state import State
+from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary.commands import (
     Command,
     ProtectBlocks,
     ReadFreeQueue,
     ReadHashes,
     ReleaseBlocks,
 )
-from offload_fsm.decisions import StoreSettled
-from offload_fsm.events import (
+from offload_fsm.vocabulary.decisions import StoreSettled
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
@@ -39,9 +42,7 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.machine import Outcome, drive
-from offload_fsm.state import State
-from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary.outcome import Outcome
 
 OP_TOKENS = 64
 OP_BLOCKS = 2

@@ -8,9 +8,9 @@ shared entries' included; each test also states the holders it expects."""
 
 from __future__ import annotations
 
-from offload_fsm.counters import Counter
-from offload_fsm.events import RequestPreempted
 from offload_fsm.state import Holders, holders
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.events import RequestPreempted
 from tests.offload_fsm.helpers import Harness, ea
 
 
@@ -87,7 +87,8 @@ def test_an_op_holding_a_chunks_blocks_out_of_order_leaves_it_block_by_block() -
 
 
 def test_a_snapshot_restores_shared_entries_as_one_per_block() -> None:
-    from offload_fsm import check_all, snapshot
+    from offload_fsm import check_all
+    from offload_fsm.log import snapshot
 
     h = Harness(ea())
     h.arrive("a", "b")

@@ -13,9 +13,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from offload_fsm import blockindex
-from offload_fsm.eviction_aware import HOOKS
-from offload_fsm.hooks import Scope
+from offload_fsm.policies import blockindex
+from offload_fsm.policies.eviction_aware import HOOKS
+from offload_fsm.rules.scope import Scope
 from offload_fsm.state import Holders, Op, RequestState, holders, new_state
 from tests.offload_fsm.helpers import ea
 

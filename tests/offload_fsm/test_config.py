@@ -247,7 +247,7 @@ def test_a_config_built_directly_refuses_a_bad_field_by_name(
 
 def test_a_nan_horizon_never_reaches_the_first_token_step() -> None:
     from offload_fsm import new_state
-    from offload_fsm.ea_planner import danger_depth
+    from offload_fsm.policies.ea_planner import danger_depth
 
     with pytest.raises(ConfigError, match="horizon_steps"):
         new_state(OffloadConfig(enabled=True, horizon_steps=math.nan), world_size=1)
@@ -265,11 +265,11 @@ def test_a_config_built_directly_keeps_valid_typed_values() -> None:
 
 
 # --------------------------------------------------------------------------
-# The tail flush (offload_fsm.tail): off by default.
+# The tail flush (offload_fsm.rules.tail_flush): off by default.
 
 
 def test_the_tail_flush_is_off_by_default_and_logs_without_its_keys_replay_with_it_off() -> None:
-    from offload_fsm.config import parse_recorded_config
+    from offload_fsm.vocabulary.config import parse_recorded_config
 
     assert (parse_config({}).idle_flush_steps, parse_config({}).shutdown_flush_s) == (0, 0.0)
     old_header = {k: v for k, v in OffloadConfig(enabled=True).to_wire().items()
@@ -289,11 +289,11 @@ def test_the_tail_flush_keys_accept_numbers_and_numeric_strings() -> None:
 
 
 # --------------------------------------------------------------------------
-# Chunk-granularity selection (offload_fsm.split): on, except for old logs.
+# Chunk-granularity selection (offload_fsm.rules.split): on, except for old logs.
 
 
 def test_chunk_split_is_on_and_logs_recorded_before_it_replay_with_it_off() -> None:
-    from offload_fsm.config import parse_recorded_config
+    from offload_fsm.vocabulary.config import parse_recorded_config
 
     assert parse_config({}).chunk_split is True
     assert parse_config({f"{P}_chunk_split": False}).chunk_split is False
@@ -305,7 +305,7 @@ def test_chunk_split_is_on_and_logs_recorded_before_it_replay_with_it_off() -> N
 
 def test_cascade_lookahead_is_on_and_logs_recorded_before_it_replay_with_one_read_a_round(
 ) -> None:
-    from offload_fsm.config import parse_recorded_config
+    from offload_fsm.vocabulary.config import parse_recorded_config
 
     key = f"{P}_cascade_lookahead_blocks"
     assert parse_config({}).cascade_lookahead_blocks == 1024

@@ -12,9 +12,11 @@ import random
 
 import pytest
 
-from offload_fsm import InvalidEvent, dedup
-from offload_fsm.commands import ProtectBlocks, SubmitStore
-from offload_fsm.decisions import (
+from offload_fsm import InvalidEvent
+from offload_fsm.invariants import indexes_agree, ledger_terms
+from offload_fsm.policies import dedup
+from offload_fsm.vocabulary.commands import ProtectBlocks, SubmitStore
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     HoldReason,
     OpRejected,
@@ -23,8 +25,7 @@ from offload_fsm.decisions import (
     RejectReason,
     StoredChunksForgotten,
 )
-from offload_fsm.events import CandidateOffered, ChunksMissing
-from offload_fsm.invariants import indexes_agree, ledger_terms
+from offload_fsm.vocabulary.events import CandidateOffered, ChunksMissing
 from tests.offload_fsm.helpers import Harness, Result, ea, fifo
 
 H1, H2, H3 = 101, 102, 103  # block contents; H1 is a shared first chunk

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from offload_fsm import Policy, check_all, new_state, state_digest, step
-from offload_fsm.codec import canonical_state, packb
-from offload_fsm.decisions import OpsDropped, OpsSelected, StoreSettled, StoreSubmitted
-from offload_fsm.events import HashesRead, StepScheduled
+from offload_fsm.digest import canonical_state
+from offload_fsm.log.wire import packb
+from offload_fsm.vocabulary.decisions import OpsDropped, OpsSelected, StoreSettled, StoreSubmitted
+from offload_fsm.vocabulary.events import HashesRead, StepScheduled
 
 from .helpers import random_world_run
 

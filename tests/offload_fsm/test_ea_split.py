@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from offload_fsm.commands import ProtectBlocks, ReadFreeQueue, SubmitStore
-from offload_fsm.decisions import (
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.vocabulary.commands import ProtectBlocks, ReadFreeQueue, SubmitStore
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     HoldReason,
     OpsDropped,
@@ -22,7 +23,6 @@ from offload_fsm.decisions import (
     SelectReason,
     SplitReason,
 )
-from offload_fsm.invariants import ledger_terms
 
 from .helpers import Harness, ea
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from offload_fsm.commands import (
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.policies.ea_planner import OVERDUE_RANK, SHIELDED_RANK
+from offload_fsm.queries import window_depth
+from offload_fsm.state import holders
+from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.commands import (
     EndSession,
     ProtectBlocks,
     ReadFreeQueue,
@@ -18,8 +23,8 @@ from offload_fsm.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.counters import Counter
-from offload_fsm.decisions import (
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     HoldReason,
     OpRejected,
@@ -31,12 +36,7 @@ from offload_fsm.decisions import (
     SelectReason,
     StoreSubmitted,
 )
-from offload_fsm.ea_planner import OVERDUE_RANK, SHIELDED_RANK
-from offload_fsm.events import FreeQueueRead
-from offload_fsm.invariants import ledger_terms
-from offload_fsm.machine import window_depth
-from offload_fsm.state import holders
-from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.events import FreeQueueRead
 
 from .helpers import Harness, ea
 

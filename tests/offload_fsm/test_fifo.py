@@ -4,14 +4,15 @@ semantics, and LMCache G3's whole-request drain with manager verification
 
 from __future__ import annotations
 
-from offload_fsm.commands import (
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.vocabulary.commands import (
     EndSession,
     ProtectBlocks,
     ReadHashes,
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import (
+from offload_fsm.vocabulary.decisions import (
     BatchOrphaned,
     DropCause,
     OpsDropped,
@@ -20,7 +21,6 @@ from offload_fsm.decisions import (
     StoreSettled,
     StoreSubmitted,
 )
-from offload_fsm.invariants import ledger_terms
 
 from .helpers import Harness, fifo
 

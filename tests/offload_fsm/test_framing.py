@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offload_fsm.framing import (
+from offload_fsm.log.framing import (
     HEADER_BYTES,
     MAGIC,
     MAX_PAYLOAD_BYTES,

@@ -1,5 +1,9 @@
 """The dependency direction holds.
 
+* The core's packages keep their layer order (``LAYERS``): vocabulary, then
+  the state, then the rules, then the policies, then the machine; the log
+  reads the vocabulary and the state, never the machine.
+* No import circle anywhere in the project.
 * The core stays pure: no vLLM, torch, ZeroMQ or structlog at import time, and
   its sources (``offload_fsm`` less its ``testing`` subpackage) import only the
   standard library, attrs and msgpack: nothing of ours outside the core.
@@ -36,9 +40,9 @@ _MODULE_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 def core_modules() -> list[str]:
     return sorted(
-        f"offload_fsm.{info.name}"
-        for info in pkgutil.iter_modules([str(PACKAGE)])
-        if info.name != "testing"
+        info.name
+        for info in pkgutil.walk_packages([str(PACKAGE)], prefix="offload_fsm.")
+        if info.name.split(".")[1] != "testing"
     )
 
 
@@ -48,9 +52,136 @@ def core_sources() -> list[Path]:
 
 def test_core_modules_are_found() -> None:
     names = core_modules()
-    for expected in ("machine", "policies", "events", "decisions", "commands", "state",
-                     "invariants", "config", "codec", "errors"):
+    for expected in ("machine", "policies.registry", "vocabulary.events", "rules.drain",
+                     "state", "invariants", "digest", "log.wire", "log.records"):
         assert f"offload_fsm.{expected}" in names
+
+
+# Each unit of the core (a top-level module or a package) and the units it may
+# import: only those below it. Its own package's modules it may always import.
+LAYERS: dict[str, frozenset[str]] = {
+    "vocabulary": frozenset(),
+    "state": frozenset({"vocabulary"}),
+    "digest": frozenset({"vocabulary", "state"}),
+    "invariants": frozenset({"vocabulary", "state"}),
+    "after_failure": frozenset({"vocabulary", "state"}),
+    "log": frozenset({"vocabulary", "state"}),
+    "rules": frozenset({"vocabulary", "state"}),
+    "policies": frozenset({"vocabulary", "state", "rules"}),
+    "queries": frozenset({"vocabulary", "state", "rules", "policies"}),
+    "machine": frozenset({"vocabulary", "state", "rules", "policies", "queries"}),
+}
+
+
+def _core_units_imported(path: Path) -> set[str]:
+    """The core units (``LAYERS``' keys) that ``path`` imports."""
+    units = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] if node.module != "offload_fsm" else [
+                f"offload_fsm.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "offload_fsm" and len(parts) > 1 and parts[1] in LAYERS:
+                units.add(parts[1])
+    return units
+
+
+def test_every_core_unit_has_a_layer() -> None:
+    units = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in core_sources()}
+    assert units - {"__init__"} == set(LAYERS)
+
+
+@pytest.mark.parametrize("path", core_sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_core_keeps_its_layer_order(path: Path) -> None:
+    unit = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    if unit == "__init__":
+        return
+    assert _core_units_imported(path) - {unit} <= LAYERS[unit]
+
+
+def test_the_layer_rule_sees_an_upward_import(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text("from offload_fsm import machine\n"
+                      "def later():\n"
+                      "    from offload_fsm.rules.drain import on_step\n")
+    assert _core_units_imported(source) == {"machine", "rules"}
+
+
+def _project_import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at any depth of its code)."""
+    modules = {}
+    for top in OURS:
+        for path in (REPO / top).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets.append(node.module)
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere() -> None:
+    """A package's ``__init__`` that re-exports its modules is left out: a
+    module importing a sibling through the package face is not a circle."""
+    graph = _project_import_graph()
+    faces = {name for name in graph if (REPO / name.replace(".", "/") / "__init__.py").exists()}
+    graph = {name: edges - faces for name, edges in graph.items() if name not in faces}
+    assert _circles(graph) == []
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_importing_the_core_loads_no_heavy_dependency() -> None:

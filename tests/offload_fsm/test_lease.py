@@ -5,9 +5,10 @@ later batch."""
 
 from __future__ import annotations
 
-from offload_fsm.commands import EndSession, ReleaseBlocks, SubmitStore
-from offload_fsm.counters import Counter
-from offload_fsm.decisions import (
+from offload_fsm.invariants import check_all, ledger_terms
+from offload_fsm.vocabulary.commands import EndSession, ReleaseBlocks, SubmitStore
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     IgnoreReason,
     OpRejected,
@@ -17,7 +18,6 @@ from offload_fsm.decisions import (
     StoreAbandoned,
     StoreSettled,
 )
-from offload_fsm.invariants import check_all, ledger_terms
 
 from .helpers import Harness, ea, fifo
 

@@ -9,8 +9,20 @@ from collections.abc import Callable
 import pytest
 
 from offload_fsm import InvalidEvent, MachinePoisoned, step
-from offload_fsm.commands import ReadFreeQueue, ReadHashes
-from offload_fsm.events import (
+from offload_fsm.invariants import check_all
+from offload_fsm.rules.legality import (
+    MACHINE_LEGAL,
+    OP_MOVES,
+    REQUEST_LEGAL,
+    MachinePhase,
+    RequestPhase,
+    machine_phase,
+    move,
+    request_phase,
+)
+from offload_fsm.state import OpStatus
+from offload_fsm.vocabulary.commands import ReadFreeQueue, ReadHashes
+from offload_fsm.vocabulary.events import (
     EVENT_TYPES,
     CandidateOffered,
     ChunksMissing,
@@ -26,18 +38,6 @@ from offload_fsm.events import (
     ShutdownRequested,
     StepScheduled,
 )
-from offload_fsm.invariants import check_all
-from offload_fsm.legality import (
-    MACHINE_LEGAL,
-    OP_MOVES,
-    REQUEST_LEGAL,
-    MachinePhase,
-    RequestPhase,
-    machine_phase,
-    move,
-    request_phase,
-)
-from offload_fsm.state import OpStatus
 
 from .helpers import Harness, ea
 
@@ -132,14 +132,14 @@ def test_machine_phase_table(phase: MachinePhase, kind: type) -> None:
     if kind in MACHINE_LEGAL[phase]:
         step(state, event)
         closes = kind is ShutdownRequested
-        assert (state.poisoned is not None) == closes
+        assert (state.closed is not None) == closes
         assert machine_phase(state) is not MachinePhase.CLOSED or closes
         return
     with pytest.raises(InvalidEvent) as raised:
         step(state, event)
     for name in (kind.__name__, phase.value):
         assert name in str(raised.value)
-        assert name in (state.poisoned or "")
+        assert name in (state.closed or "")
 
 
 REQUEST_PAIRS = sorted(REQUEST_LEGAL.items(), key=lambda kv: (kv[0][0].__name__, kv[0][1].value))
@@ -177,7 +177,7 @@ def test_request_phase_table(pair: tuple[type, RequestPhase], reason: str | None
     event = _request_event(kind, h)
     if reason is None:
         step(h.state, event)
-        assert h.state.poisoned is None
+        assert h.state.closed is None
         assert check_all(h.state) == []
         return
     with pytest.raises(InvalidEvent) as raised:

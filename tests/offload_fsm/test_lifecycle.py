@@ -14,15 +14,17 @@ import attrs
 import pytest
 
 from offload_fsm import InvalidEvent, MachinePoisoned, check_all, step
-from offload_fsm.codec import canonical_state
-from offload_fsm.commands import (
+from offload_fsm.digest import canonical_state
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.state import State, holders
+from offload_fsm.vocabulary.commands import (
     EndSession,
     ProtectBlocks,
     ReadHashes,
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import (
+from offload_fsm.vocabulary.decisions import (
     BatchOrphaned,
     DropCause,
     IgnoreReason,
@@ -35,7 +37,7 @@ from offload_fsm.decisions import (
     StoreSettled,
     StoreSubmitted,
 )
-from offload_fsm.events import (
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
@@ -46,8 +48,6 @@ from offload_fsm.events import (
     RequestPreempted,
     StepScheduled,
 )
-from offload_fsm.invariants import ledger_terms
-from offload_fsm.state import State, holders
 
 from .helpers import Harness, ea, fifo
 
@@ -483,15 +483,15 @@ def test_ledger_closes_after_a_full_lifecycle() -> None:
 
 def _snapshot(state: State) -> tuple[Any, ...]:
     """Everything in the state except the poison marker."""
-    poisoned, state.poisoned = state.poisoned, None
+    poisoned, state.closed = state.closed, None
     try:
         canonical = canonical_state(state)
     finally:
-        state.poisoned = poisoned
+        state.closed = poisoned
     scalars = tuple(
         (field.name, getattr(state, field.name))
         for field in attrs.fields(State)
-        if field.name != "poisoned"
+        if field.name != "closed"
         and isinstance(getattr(state, field.name), int | float | str | bool | type(None))
     )
     return (canonical, scalars, tuple(state.awaiting_hashes), tuple(state.deadlines),
@@ -597,7 +597,7 @@ def test_invalid_event_raises_naming_the_problem_and_poisons(case: str) -> None:
     with pytest.raises(InvalidEvent, match=message) as raised:
         step(h.state, make(h))
     assert raised.value.reason in str(raised.value)
-    assert h.state.poisoned is not None
+    assert h.state.closed is not None
     with pytest.raises(MachinePoisoned):
         step(h.state, RequestArrived(req_id="b"))
     with pytest.raises(MachinePoisoned):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from offload_fsm import MachinePoisoned, drive, step
-from offload_fsm.commands import Command, ReadHashes
-from offload_fsm.counters import Counter
-from offload_fsm.errors import CommandFailed, CoreFault, InvalidEvent, StepFailed
-from offload_fsm.events import Event, HashesRead, RequestArrived, StepScheduled
+from offload_fsm.vocabulary.commands import Command, ReadHashes
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.errors import CommandFailed, CoreFault, InvalidEvent, StepFailed
+from offload_fsm.vocabulary.events import Event, HashesRead, RequestArrived, StepScheduled
 
 from .helpers import Harness, fifo
 
@@ -37,7 +37,7 @@ def test_a_bug_inside_a_step_poisons_with_its_description() -> None:
     assert isinstance(error.event, StepScheduled)
     assert "KeyError" in error.reason and "StepScheduled" in error.reason
     assert "drain.py:" in error.reason  # where it was raised
-    assert h.state.poisoned == error.reason
+    assert h.state.closed == error.reason
     with pytest.raises(MachinePoisoned, match="RequestArrived after the machine closed"):
         step(h.state, RequestArrived(req_id="x"))
 
@@ -50,7 +50,7 @@ def test_an_assertion_inside_a_step_poisons() -> None:
     h.state.requests["a"].ops.clear()  # corrupt the buffer behind the indexes' back
     with pytest.raises(CoreFault, match="AssertionError"):
         step(h.state, _token_step(1.0))
-    assert h.state.poisoned is not None
+    assert h.state.closed is not None
 
 
 def _fifo_ready() -> Harness:
@@ -75,7 +75,7 @@ def test_drive_attaches_the_events_it_applied_before_a_rejected_answer() -> None
     assert [type(e) for e, _ in error.applied] == [StepScheduled]
     assert isinstance(error.event, HashesRead)
     assert "hashes read, expected" in error.reason
-    assert h.state.poisoned is not None
+    assert h.state.closed is not None
 
 
 def test_drive_poisons_and_attaches_when_the_executor_raises() -> None:
@@ -89,6 +89,6 @@ def test_drive_poisons_and_attaches_when_the_executor_raises() -> None:
     error = raised.value
     assert [type(e) for e, _ in error.applied] == [StepScheduled]
     assert "block pool gone" in error.reason and "ProtectBlocks" in error.reason
-    assert h.state.poisoned == error.reason
+    assert h.state.closed == error.reason
     with pytest.raises(MachinePoisoned):
         step(h.state, RequestArrived(req_id="b"))

@@ -1,4 +1,4 @@
-"""``offload_fsm.snapshot``: the state survives ``to_wire``/``from_wire``
+"""``offload_fsm.log.snapshot``: the state survives ``to_wire``/``from_wire``
 (through msgpack, as in a log) after every event of random runs, with its
 object identity, and the rebuilt state goes on exactly like the original."""
 
@@ -9,15 +9,15 @@ from typing import Any
 import attrs
 import pytest
 
-from offload_fsm import snapshot
-from offload_fsm.codec import packb, state_digest, unpackb
-from offload_fsm.config import Policy
-from offload_fsm.errors import LogCorrupt
+from offload_fsm.digest import state_digest
 from offload_fsm.invariants import check_all
-from offload_fsm.logformat import outcome_wire
+from offload_fsm.log import snapshot
+from offload_fsm.log.wire import outcome_wire, packb, unpackb
 from offload_fsm.machine import step
 from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, holders, new_state
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.config import Policy
+from offload_fsm.vocabulary.errors import LogCorrupt
 
 
 def _round_trip(state: State) -> State:
@@ -134,7 +134,7 @@ def test_counters_added_later_start_at_zero_in_declaration_order() -> None:
 def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
     from pathlib import Path
 
-    from offload_fsm.logformat import Header, Snapshot
+    from offload_fsm.log.records import Header, Snapshot
     from replay.reader import Entry, read_log
     from replay.runner import config_of
 

@@ -13,7 +13,7 @@ Faults are rules too: receipts reordered, duplicated and lost (the receipt
 lease lets a silent batch go), consumers that take blocks from the
 free-queue head just before a drain (reported, or not at all), and
 exceptions raised by the shell's command executor (the shell then drains
-what LMCache holds, ``offload_fsm.drain_only``). Every run ends with every
+what LMCache holds, ``offload_fsm.after_failure``). Every run ends with every
 pin released, every finished session ended and no stale store.
 
 With the idle tail flush on (``idle_flush_steps``, both policies), one more
@@ -35,17 +35,17 @@ from hypothesis.stateful import (
 )
 
 from offload_fsm import OffloadConfig, Policy, check_all, new_state
-from offload_fsm.commands import (
+from offload_fsm.invariants import ledger_terms
+from offload_fsm.queries import keeps_stepping
+from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary.commands import (
     ProtectBlocks,
     ReadFreeQueue,
     ReadHashes,
     ReleaseBlocks,
     SubmitStore,
 )
-from offload_fsm.decisions import StoreSettled
-from offload_fsm.invariants import ledger_terms
-from offload_fsm.machine import keeps_stepping
-from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary.decisions import StoreSettled
 
 REQUEST_IDS = ("a", "b", "c", "d", "e")
 WORLD_SIZE = 2

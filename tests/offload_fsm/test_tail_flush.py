@@ -1,4 +1,4 @@
-"""The tail flush (``offload_fsm.tail``): off by default; after
+"""The tail flush (``offload_fsm.rules.tail_flush``): off by default; after
 ``idle_flush_steps`` consecutive empty steps, or inside the shutdown wait
 after ``ShutdownBegan``, the intact buffered ops of finished requests are
 selected and go through the usual verification; its counters show the
@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 
 from offload_fsm import check_all, new_state, step
-from offload_fsm.codec import canonical_state, state_digest
-from offload_fsm.commands import SubmitStore
-from offload_fsm.counters import FIRST_LATER_COUNTER, Counter
-from offload_fsm.decisions import (
+from offload_fsm.digest import canonical_state, state_digest
+from offload_fsm.invariants import quiet_on_empty_steps
+from offload_fsm.queries import keeps_stepping
+from offload_fsm.vocabulary.commands import SubmitStore
+from offload_fsm.vocabulary.counters import FIRST_LATER_COUNTER, Counter
+from offload_fsm.vocabulary.decisions import (
     DropCause,
     FlushTrigger,
     OpsDropped,
@@ -22,10 +24,8 @@ from offload_fsm.decisions import (
     ShutdownLeft,
     TailFlushed,
 )
-from offload_fsm.errors import InvalidEvent
-from offload_fsm.events import ShutdownBegan
-from offload_fsm.invariants import quiet_on_empty_steps
-from offload_fsm.machine import keeps_stepping
+from offload_fsm.vocabulary.errors import InvalidEvent
+from offload_fsm.vocabulary.events import ShutdownBegan
 
 from .helpers import OP_TOKENS, Harness, ea, fifo
 

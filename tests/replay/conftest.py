@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from connector.recording import EventRecorder
-from offload_fsm.config import OffloadConfig
 from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_workload
+from offload_fsm.vocabulary.config import OffloadConfig
 from testkit.pacing import paced
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}

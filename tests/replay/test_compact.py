@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offload_fsm.errors import LogCorrupt
-from offload_fsm.framing import Record, scan
-from offload_fsm.logbatch import Deflater, Inflater
-from offload_fsm.logcompact import WireContext, refer, resolve
-from offload_fsm.logformat import BATCH, INDEX, SNAPSHOT
-from offload_fsm.logpeek import payload_kind
+from offload_fsm.log.batch import Deflater, Inflater
+from offload_fsm.log.compact import WireContext, refer, resolve
+from offload_fsm.log.framing import Record, scan
+from offload_fsm.log.peek import payload_kind
+from offload_fsm.log.records import BATCH, INDEX, SNAPSHOT
+from offload_fsm.vocabulary.errors import LogCorrupt
 from replay.reader import read_file
 from replay.runner import replay
 from tests.replay.conftest import record_workload
@@ -148,8 +148,8 @@ def test_a_recorded_log_is_batched_and_replays(tmp_path: Path) -> None:
 
 
 def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
-    from offload_fsm import snapshot
-    from offload_fsm.logsnapshot import compact_snapshot, expand_snapshot
+    from offload_fsm.log import snapshot
+    from offload_fsm.log.snapshot_pack import compact_snapshot, expand_snapshot
     from offload_fsm.state import new_state
     from offload_fsm.testing.synthetic import default_config
 
@@ -178,10 +178,10 @@ def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
     all, along a real scheduler's run (shared prompts: op records in runs
     and references); and its SNAPSHOT record is the same too."""
     from bench.bench_fold import read_events
-    from offload_fsm import snapshot
-    from offload_fsm.logformat import encode_packed_snapshot, encode_snapshot
-    from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
-    from offload_fsm.logwire import _packb
+    from offload_fsm.log import snapshot
+    from offload_fsm.log.records import encode_packed_snapshot, encode_snapshot
+    from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
+    from offload_fsm.log.wire import packb
     from offload_fsm.machine import step
     from offload_fsm.state import new_state
     from replay.runner import config_of
@@ -199,7 +199,7 @@ def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
         plain = snapshot.to_wire(state)
         wire, whole_keys = compact_snapshot(plain, keys)
         packed, packed_keys = packed_snapshot(state, keys)
-        assert packed == _packb(wire), index
+        assert packed == packb(wire), index
         assert packed_keys == whole_keys
         for level in (0, 6):
             assert encode_packed_snapshot(index, 7, "d", packed, level=level) == \
@@ -215,9 +215,9 @@ def test_a_snapshot_packed_as_it_is_walked_keeps_the_young_generation_small() ->
     one at a time, they die as they are made."""
     import gc
 
-    from offload_fsm import snapshot
-    from offload_fsm.logsnapshot import compact_snapshot, packed_snapshot
-    from offload_fsm.logwire import _packb
+    from offload_fsm.log import snapshot
+    from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
+    from offload_fsm.log.wire import packb
     from offload_fsm.machine import step
     from offload_fsm.state import OpStatus, new_state
     from offload_fsm.testing.synthetic import default_config, run_workload
@@ -247,7 +247,7 @@ def test_a_snapshot_packed_as_it_is_walked_keeps_the_young_generation_small() ->
             gc.callbacks.remove(count)
         return collections[0]
 
-    whole = young_collections(lambda: _packb(compact_snapshot(snapshot.to_wire(state), None)[0]))
+    whole = young_collections(lambda: packb(compact_snapshot(snapshot.to_wire(state), None)[0]))
     walked = young_collections(lambda: packed_snapshot(state, None))
     assert whole >= 4 and walked <= whole // 4, (whole, walked)
 
@@ -306,12 +306,12 @@ def test_a_block_id_run_the_reader_cannot_follow_raises() -> None:
 
 
 def test_snapshot_ops_sharing_a_prefix_travel_as_references() -> None:
-    from offload_fsm import snapshot
-    from offload_fsm.events import CandidateOffered, RequestArrived
-    from offload_fsm.logsnapshot import compact_snapshot, expand_snapshot
+    from offload_fsm.log import snapshot
+    from offload_fsm.log.snapshot_pack import compact_snapshot, expand_snapshot
     from offload_fsm.machine import step
     from offload_fsm.state import new_state
     from offload_fsm.testing.synthetic import default_config
+    from offload_fsm.vocabulary.events import CandidateOffered, RequestArrived
 
     state = new_state(default_config(), world_size=1)
     prompt = tuple(range(100, 164))
@@ -335,7 +335,7 @@ def _compact_forms_in(path: Path) -> tuple[int, int]:
     """(block-id runs in offers, hash references in snapshot ops) of a file, read raw."""
     import zlib
 
-    from offload_fsm.logsnapshot import op_columns
+    from offload_fsm.log.snapshot_pack import op_columns
 
     inflater, runs, refs = Inflater(), 0, 0
     for frame in scan(path.read_bytes()):
@@ -389,7 +389,7 @@ def test_the_schema_5_golden_log_holds_runs_and_references() -> None:
 @pytest.mark.parametrize("level", [0, 6])
 def test_each_segment_index_is_keyed_with_the_bodies_the_segment_holds(
         tmp_path: Path, level: int) -> None:
-    from offload_fsm.logdecode import LogDecoder
+    from offload_fsm.log.decode import LogDecoder
     from testkit.logedit import rekeyed
 
     directory, _ = record_workload(tmp_path / "log", requests=80, seed=2, pool_blocks=48,
@@ -443,9 +443,9 @@ def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path:
 def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged() -> None:
     import zlib
 
-    from offload_fsm import snapshot
-    from offload_fsm.logdecode import _inflated_state
-    from offload_fsm.logsnapshot import KeysOf, LazyState, compact_snapshot
+    from offload_fsm.log import snapshot
+    from offload_fsm.log.decode import _inflated_state
+    from offload_fsm.log.snapshot_pack import KeysOf, LazyState, compact_snapshot
     from offload_fsm.state import new_state
     from offload_fsm.testing.synthetic import default_config
 
@@ -487,7 +487,7 @@ def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged(
 
 def test_verify_folding_through_snapshots_never_decodes_their_states(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from offload_fsm import logdecode
+    from offload_fsm.log import decode as logdecode
     from replay import seek
 
     directory, _ = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from offload_fsm.codec import state_digest
-from offload_fsm.counters import Counter
-from offload_fsm.events import StepScheduled
-from offload_fsm.logformat import Inputs
+from offload_fsm.digest import state_digest
+from offload_fsm.log.records import Inputs
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
+from offload_fsm.vocabulary.counters import Counter
+from offload_fsm.vocabulary.events import StepScheduled
 from replay.cli import EXIT_CORRUPT, main
 from replay.reader import Entry, LogDamage, read_file
 from replay.runner import config_of, replay

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgpack
 
-from offload_fsm.framing import Record, frame, scan
-from offload_fsm.logformat import INDEX
+from offload_fsm.log.framing import Record, frame, scan
+from offload_fsm.log.records import INDEX
 from replay.cli import main
 from replay.diff import diff_logs
 from testkit.logedit import rekeyed
@@ -89,8 +89,8 @@ def test_an_altered_input_is_found(mixed_log: Path, tmp_path: Path) -> None:
 
 
 def test_two_policies_diverge_and_their_ledgers_differ(tmp_path: Path) -> None:
-    from offload_fsm.config import Policy
     from offload_fsm.testing.synthetic import default_config
+    from offload_fsm.vocabulary.config import Policy
 
     logs = []
     for policy in (Policy.EVICTION_AWARE, Policy.FIFO):
@@ -126,9 +126,9 @@ def test_damage_and_usage(mixed_log: Path, tmp_path: Path) -> None:
 
 
 def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
-    from offload_fsm.codec import to_wire
-    from offload_fsm.commands import EndSession
-    from offload_fsm.decisions import DropCause, OpsDropped
+    from offload_fsm.log.wire import to_wire
+    from offload_fsm.vocabulary.commands import EndSession
+    from offload_fsm.vocabulary.decisions import DropCause, OpsDropped
     from replay.diff import OUTCOME_ITEMS_SHOWN, _format_wire
 
     drops = [to_wire(OpsDropped(req_id=f"r{n}", start_token=0, end_token=256, ops=1,

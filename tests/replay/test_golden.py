@@ -17,7 +17,7 @@ VERSIONS = sorted(p for p in LOGS.iterdir() if p.is_dir())
 
 
 def test_there_is_a_golden_log_per_schema_version() -> None:
-    from offload_fsm.logformat import SCHEMA_VERSION
+    from offload_fsm.log.records import SCHEMA_VERSION
 
     assert [p.name for p in VERSIONS] == [f"v{v}" for v in range(1, SCHEMA_VERSION + 1)]
 

@@ -7,7 +7,8 @@ import io
 from pathlib import Path
 
 from replay.cli import main
-from replay.runner import replay, replay_parallel
+from replay.parallel import replay_parallel
+from replay.runner import replay
 from tests.replay.conftest import record_workload
 
 
@@ -45,7 +46,7 @@ def test_a_broken_seam_is_reported(tmp_path: Path) -> None:
 
 
 def test_one_file_splits_at_its_segments(tmp_path: Path) -> None:
-    from replay.runner import _units
+    from replay.parallel import _units
 
     directory, _ = record_workload(tmp_path / "one", requests=150, seed=4, pool_blocks=64,
                                    concurrency=8, recorder_options={"snapshot_every": 150})

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import msgpack
 
-from offload_fsm.framing import Record, frame, scan
-from offload_fsm.logformat import SCHEMA_VERSION, Inputs
+from offload_fsm.log.framing import Record, frame, scan
+from offload_fsm.log.records import SCHEMA_VERSION, Inputs
 from replay.reader import Entry, LogDamage, read_file, read_log
 from replay.runner import replay
 

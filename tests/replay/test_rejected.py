@@ -14,11 +14,17 @@ from typing import Any
 import attrs
 
 from connector.recording import EventRecorder
-from offload_fsm import logformat
-from offload_fsm.commands import Command
-from offload_fsm.config import Policy
-from offload_fsm.errors import StepFailed
-from offload_fsm.events import (
+from offload_fsm.log import records as logformat
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.records import SCHEMA_VERSION, Header, Rejected
+from offload_fsm.machine import drive
+from offload_fsm.state import State, new_state
+from offload_fsm.testing.synthetic import RecordingWorld, default_config
+from offload_fsm.testing.world import FakePool
+from offload_fsm.vocabulary.commands import Command
+from offload_fsm.vocabulary.config import Policy
+from offload_fsm.vocabulary.errors import StepFailed
+from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     HashesRead,
@@ -26,16 +32,12 @@ from offload_fsm.events import (
     RequestFinished,
     StepScheduled,
 )
-from offload_fsm.logdecode import LogDecoder
-from offload_fsm.logformat import SCHEMA_VERSION, Header, Rejected, encode_record
-from offload_fsm.machine import Outcome, drive
-from offload_fsm.state import State, new_state
-from offload_fsm.testing.synthetic import RecordingWorld, default_config
-from offload_fsm.testing.world import FakePool
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
 from replay.reader import read_log
 from replay.runner import replay
 from replay.tail import describe
+from tests.logrecords import encode_record
 from tests.replay.conftest import VERSIONS
 
 GOLDEN_V1 = Path(__file__).parents[1] / "data" / "logs" / "v1"
@@ -178,7 +180,7 @@ def test_verify_reproduces_a_recorded_rejection(tmp_path: Path) -> None:
     assert result.divergence is None and not result.damage and not result.lost
     assert result.rejection is not None and result.rejection.reproduced is True
     assert result.rejection.reproduced_reason == result.rejection.recorded_reason
-    assert result.state is not None and result.state.poisoned is not None
+    assert result.state is not None and result.state.closed is not None
     assert not result.ok and result.ended_cleanly
 
     code, out, _ = _run("verify", str(tmp_path))

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from offload_fsm.framing import Record, frame, scan
-from offload_fsm.logformat import INDEX, SNAPSHOT
-from offload_fsm.logpeek import payload_kind
+from offload_fsm.log.framing import Record, frame, scan
+from offload_fsm.log.peek import payload_kind
+from offload_fsm.log.records import INDEX, SNAPSHOT
 from replay.cli import main
 from replay.seek import segments
 from tests.replay.conftest import record_workload

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from offload_fsm.codec import state_digest
-from offload_fsm.events import Event
-from offload_fsm.machine import Outcome
+from offload_fsm.digest import state_digest
 from offload_fsm.state import State
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.runner import replay
 
 LOGS = Path(__file__).parents[1] / "data" / "sim_logs"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from offload_fsm.decisions import OpRejected, OpsDropped, OpSplit, StoreSettled
-from offload_fsm.events import CandidateOffered, Event, StepScheduled
-from offload_fsm.logformat import Inputs
-from offload_fsm.machine import Outcome
+from offload_fsm.log.records import Inputs
 from offload_fsm.state import State
+from offload_fsm.vocabulary.decisions import OpRejected, OpsDropped, OpSplit, StoreSettled
+from offload_fsm.vocabulary.events import CandidateOffered, Event, StepScheduled
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
 from replay.opstory import DROP_WHY
 from replay.reader import Entry, read_log

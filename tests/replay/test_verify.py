@@ -12,10 +12,10 @@ import pytest
 from hypothesis import settings
 
 from connector.recording import EventRecorder
-from offload_fsm.framing import Record, frame, scan
-from offload_fsm.lifecycle import SHUT_DOWN
+from offload_fsm.log.framing import Record, frame, scan
+from offload_fsm.rules.lifecycle import SHUT_DOWN
 from offload_fsm.testing.synthetic import RecordingWorld
-from replay import cli, runner
+from replay import cli, parallel, runner
 from replay.runner import replay
 from tests.offload_fsm.test_stateful import EvictionAwareMachine, FifoMachine
 from tests.replay.conftest import VERSIONS, record_workload
@@ -143,7 +143,7 @@ def _recording(machine_class):  # type: ignore[no-untyped-def]
                 super().teardown()
                 self._recorder.close(self.world.state)
                 result = replay(self._dir.name)
-                if self.world.state.poisoned in (None, SHUT_DOWN):
+                if self.world.state.closed in (None, SHUT_DOWN):
                     assert result.ok, (result.divergence, result.damage, result.lost)
                     assert result.events_applied == len(self.world.applied)
             finally:
@@ -182,8 +182,8 @@ def test_the_engine_index_names_the_files_and_is_reported(tmp_path: Path) -> Non
 def _damage_first_snapshot(path: Path) -> None:
     """Replace the state of ``path``'s first snapshot with bytes that do not
     inflate, framed with a valid CRC (a writer bug, not a torn disk)."""
-    from offload_fsm.logformat import SNAPSHOT
-    from offload_fsm.logpeek import payload_kind
+    from offload_fsm.log.peek import payload_kind
+    from offload_fsm.log.records import SNAPSHOT
 
     out, done = [], False
     for item in scan(path.read_bytes()):
@@ -201,7 +201,7 @@ def _damage_first_snapshot(path: Path) -> None:
 
 def test_a_snapshot_that_does_not_decode_is_reported_where_it_is_used(tmp_path: Path) -> None:
     from replay.cli import main
-    from replay.runner import replay_parallel
+    from replay.parallel import replay_parallel
 
     directory, world = record_workload(tmp_path, requests=60, seed=2,
                                        recorder_options={"max_file_bytes": 4000})
@@ -238,9 +238,9 @@ def test_replay_commands_run_with_young_collections_spaced_and_restore_them(
 
     monkeypatch.setitem(cli._COMMANDS, "verify", command)
     assert cli.main(["verify", str(mixed_log)]) == 0
-    unit = runner._replay_unit
-    monkeypatch.setattr(runner, "_replay_unit",
+    unit = parallel._replay_unit
+    monkeypatch.setattr(parallel, "_replay_unit",
                         lambda *args: (command(), unit(*args))[1])
-    part = runner._replay_file((str(mixed_log / "run-000000.lolog"), 0, -1, ""))
+    part = parallel._replay_file((str(mixed_log / "run-000000.lolog"), 0, -1, ""))
     assert part.result.ok and gc.get_threshold() == before
     assert seen[1:] == [runner.YOUNG_COLLECTION_ALLOCATIONS] * 2

@@ -37,9 +37,9 @@ POLICIES = {
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_two_ranks_one_late_one_failing(policy: str, tmp_path: Path) -> None:
-    from offload_fsm.counters import Counter
     from offload_fsm.invariants import check_all, ledger_closes, pins_balance
-    from offload_fsm.machine import has_in_flight
+    from offload_fsm.queries import has_in_flight
+    from offload_fsm.vocabulary.counters import Counter
 
     extra: dict[str, Any] = {"lmcache.mp.lazy_offload": True, **POLICIES[policy]}
     arm = ArmSpec(name=policy, kind="ours", extra=tuple(extra.items()))

@@ -1,0 +1,391 @@
+"""The compact event forms (schemas 4 and 5): window deltas, hash references, block-id runs.
+
+Pure module: standard library and ``msgpack`` only. The writer
+(``connector.recording``, on the writer thread) and the reader
+(``logdecode.LogDecoder``) each keep one :class:`WireContext` per *segment*:
+a segment runs from a file's header, or from a SNAPSHOT record, to the next
+of either. Both reset their context there, so every segment decodes alone
+(a file starts one; ``replay explain`` seeks to one).
+
+Compact event forms (inside INPUTS records only; the wire tuple otherwise
+as ``codec.to_wire``). A plain wire tuple is always a valid compact form,
+so a schema 3 event decodes unchanged (its upcaster is the identity):
+
+* A window (``StepScheduled.window_block_ids``, ``FreeQueueRead``'s) is a
+  list of items: an int is a block id; a pair ``(start, length)`` copies
+  ``previous[start:start + length]``, where ``previous`` is the segment's
+  last non-empty window read (either kind).
+* A block hash (``CandidateOffered.block_hashes``, the hashes of
+  ``StepScheduled.reallocated``) is ``True`` when it equals the hash last
+  sent for that block id in the segment; a sent hash (int or None) becomes
+  that block's. In ``HashesRead.block_hashes`` (no block ids on the wire)
+  a reference is ``(block_id,)``; its hashes update nothing.
+* Schema 5: ``CandidateOffered.block_ids`` is a list of items: an int is a
+  block id; a pair ``(first, length)`` copies ``length`` ids from the last
+  block list of the segment that held ``first``, from ``first`` on
+  (:class:`Lists`; every list updates it once decoded). A prefix-cache hit
+  re-offers a prefix other requests offered (the shared system prompt, the
+  session's earlier turns), so its list is a few pairs.
+
+Snapshots use the same forms (``logsnapshot``); the records of a segment
+are deflated as one stream (``logbatch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from itertools import compress, count, repeat
+from operator import is_not
+from typing import Any, Final
+
+from offload_fsm.log.records import INPUTS
+from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, packb
+from offload_fsm.vocabulary.commands import ReadHashes
+from offload_fsm.vocabulary.errors import LogCorrupt
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
+
+__all__ = [
+    "MAX_INDEX_REQUESTS",
+    "Lists",
+    "WireContext",
+    "encode_compact_inputs",
+    "refer",
+    "requests_of",
+    "resolve",
+    "runs",
+    "unruns",
+]
+
+MAX_INDEX_REQUESTS: Final[int] = 65536
+"""A segment naming more request ids is indexed as "unknown" (the bound on an INDEX)."""
+
+_INT_ONLY: Final = {int}
+_MIN_COPY: Final = 3  # a copy pair costs about as much as three block ids
+_OFFERED, _STEP, _HASHES, _FREE_QUEUE = 2, 3, 7, 8  # event tags with compact forms
+_REQ_FIELD_TAGS: Final = frozenset((1, 2, 4, 5))  # events whose first field is req_id
+
+
+class WireContext:
+    """What the events before in the segment told: the last window read, the
+    last hash sent per block id and the last offered list holding each block
+    id (each bounded by the engine's block pool)."""
+
+    __slots__ = ("window", "hashes", "lists", "intact")
+
+    def __init__(self) -> None:
+        self.window: tuple[int, ...] = ()
+        self.hashes: dict[int, Any] = {}
+        self.lists = Lists()
+        self.intact = True
+
+    def reset(self) -> None:
+        """A segment starts: nothing is known, and nothing is missing."""
+        self.window = ()
+        self.hashes = {}
+        self.lists = Lists()
+        self.intact = True
+
+    def lose(self) -> None:
+        """Records of the segment were lost: references cannot be resolved
+        until the next segment starts."""
+        self.intact = False
+
+    # -- writer side --------------------------------------------------------
+
+    def compact(self, wire: tuple[Any, ...], read_ids: tuple[int, ...] = ()) -> tuple[Any, ...]:
+        """The compact form of an event's wire tuple; ``read_ids``: for a
+        HashesRead, the block ids its command read (its hashes' order)."""
+        tag = wire[0]
+        if tag == _STEP:
+            window = self._delta(wire[6])
+            return (*wire[:6], window, tuple(self._pair(p) for p in wire[7]), wire[8])
+        if tag == _OFFERED:
+            ids = wire[4]
+            return (*wire[:4], runs(ids, self.lists), refer(ids, wire[5], self.hashes),
+                    *wire[6:])
+        if tag == _FREE_QUEUE:
+            return (tag, self._delta(wire[1]))
+        if tag == _HASHES and len(read_ids) == len(wire[2]):
+            table = self.hashes
+            return (tag, wire[1], tuple(
+                (block_id,) if _worth_a_reference(value) and table.get(block_id) == value
+                else value for block_id, value in zip(read_ids, wire[2], strict=True)))
+        return wire
+
+    def _pair(self, pair: tuple[int, Any]) -> tuple[int, Any]:
+        block_id, value = pair
+        if value is not None and self.hashes.get(block_id) == value:
+            return (block_id, True)
+        self.hashes[block_id] = value
+        return pair
+
+    def _delta(self, window: tuple[int, ...]) -> tuple[Any, ...]:
+        if not window:
+            return window  # an empty read leaves the previous window in place
+        previous, self.window = self.window, window
+        if not previous:
+            return window
+        if window == previous:
+            return ((0, len(window)),)
+        at = {block_id: index for index, block_id in enumerate(previous)}
+        out: list[Any] = []
+        i, n, m = 0, len(window), len(previous)
+        while i < n:
+            p = at.get(window[i])
+            if p is None:
+                out.append(window[i])
+                i += 1
+                continue
+            run = min(n - i, m - p)
+            if window[i:i + run] != previous[p:p + run]:
+                j = 1
+                while j < run and window[i + j] == previous[p + j]:
+                    j += 1
+                run = j
+            if run >= _MIN_COPY:
+                out.append((p, run))
+            else:
+                out.extend(window[i:i + run])
+            i += run
+        return tuple(out)
+
+    # -- reader side --------------------------------------------------------
+
+    def expand(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The wire tuple of a compact event (the inverse of :meth:`compact`,
+        applied in the same order). Raises :class:`LogCorrupt`."""
+        tag = item[0]
+        try:
+            if tag == _STEP:
+                window = self._undelta(item[6])
+                pairs = tuple(map(self._unpair, item[7]))
+                return (*item[:6], window, pairs, item[8])
+            if tag == _OFFERED:
+                ids, refs = unruns(item[4], self.lists, self.intact), item[5]
+                if not self.intact and any(value is True for value in refs):
+                    raise LogCorrupt("a hash reference into records lost to damage")
+                return (*item[:4], ids, resolve(ids, refs, self.hashes, self._known),
+                        *item[6:])
+            if tag == _FREE_QUEUE:
+                return (tag, self._undelta(item[1]))
+            if tag == _HASHES:
+                return (tag, item[1], tuple(
+                    self._known(v[0]) if type(v) is tuple else v for v in item[2]))
+        except (IndexError, TypeError, ValueError) as error:
+            raise LogCorrupt(f"compact event tag {tag}: {error!r}") from None
+        return item
+
+    def _known(self, block_id: int) -> Any:
+        if not self.intact:
+            raise LogCorrupt("a hash reference into records lost to damage")
+        try:
+            return self.hashes[block_id]
+        except KeyError:
+            raise LogCorrupt(f"a hash reference to block {block_id}, never sent") from None
+
+    def _unpair(self, pair: tuple[int, Any]) -> tuple[int, Any]:
+        block_id, value = pair
+        if value is True:
+            return (block_id, self._known(block_id))
+        self.hashes[block_id] = value
+        return pair
+
+    def _undelta(self, items: tuple[Any, ...]) -> tuple[int, ...]:
+        if not items:
+            return ()
+        # The common shapes, in C: every id sent, or one copy and then the
+        # ids the window's tail gained (9 in 10 steps of the agentic trace).
+        sent = items[1:]
+        if not sent or set(map(type, sent)) == _INT_ONLY:
+            if type(items[0]) is int:
+                self.window = items
+                return items
+            if type(items[0]) is tuple and len(items[0]) == 2:
+                self.window = window = self._copied(*items[0]) + sent
+                return window
+        out: list[int] = []
+        for item in items:
+            if type(item) is int:
+                out.append(item)
+                continue
+            start, length = item
+            out.extend(self._copied(start, length))
+        self.window = window = tuple(out)
+        return window
+
+    def _copied(self, start: int, length: int) -> tuple[int, ...]:
+        previous = self.window
+        if not self.intact:
+            raise LogCorrupt("a window delta against records lost to damage")
+        if start < 0 or length < 1 or start + length > len(previous):
+            raise LogCorrupt(f"window copy {(start, length)!r} outside the previous window "
+                             f"({len(previous)} blocks)")
+        return previous[start:start + length]
+
+
+def refer(ids: tuple[int, ...], hashes: tuple[Any, ...], table: dict[int, Any]
+           ) -> tuple[Any, ...]:
+    """``hashes`` with ``True`` for each that ``table`` holds for its block
+    id; the others are sent, and become their block's in ``table``."""
+    out = []
+    for block_id, value in zip(ids, hashes, strict=True):
+        if value is not None and table.get(block_id, None) == value:
+            out.append(True)
+        else:
+            table[block_id] = value
+            out.append(value)
+    return tuple(out)
+
+
+def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
+            known: Callable[[int], Any]) -> tuple[Any, ...]:
+    """The inverse of :func:`refer`: ``known(block_id)`` resolves a ``True``
+    (and raises :class:`LogCorrupt` for one it cannot)."""
+    if True not in refs:  # nothing referred to (a hash equal to 1 only takes the long way)
+        table.update(zip(ids, refs, strict=True))
+        return refs
+    # A prefix-cache hit's shape: the shared blocks referred to, then its own
+    # sent; looked up before the sent ones are learnt, as one by one would.
+    first = next(compress(count(), map(is_not, refs, repeat(True))), len(refs))
+    if len(ids) == len(refs) and True not in refs[first:]:
+        with contextlib.suppress(KeyError):
+            looked = tuple(map(table.__getitem__, ids[:first]))
+            sent = refs[first:]
+            table.update(zip(ids[first:], sent, strict=True))
+            return looked + sent
+    if len(ids) == len(refs) == len(set(ids)):  # each block once: learn, then look up, in C
+        table.update(compress(zip(ids, refs, strict=False), map(is_not, refs, repeat(True))))
+        with contextlib.suppress(KeyError):
+            return tuple(map(table.__getitem__, ids))
+    out = []
+    for block_id, value in zip(ids, refs, strict=True):
+        if value is True:
+            value = known(block_id)
+        else:
+            table[block_id] = value
+        out.append(value)
+    return tuple(out)
+
+
+class Lists:
+    """The last of a segment's block lists that held each block id (one
+    entry per block id, all pointing at shared tuples, so learning a list
+    allocates nothing per block; a block's position is found when a run
+    needs it)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, ...]] = {}
+
+    def learn(self, ids: tuple[int, ...]) -> None:
+        """Each block of ``ids`` is now last seen there."""
+        self.last.update(zip(ids, repeat(ids)))
+
+
+def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
+    """``ids`` with each stretch of ``_MIN_COPY`` or more that repeats a list
+    before as ``(first, length)``: ``length`` ids from ``first`` on in the
+    last list that held ``first``; then ``lists`` learns ``ids``."""
+    out: list[Any] = []
+    last = lists.last
+    i, n = 0, len(ids)
+    while i < n:
+        before = last.get(ids[i])
+        if before is not None:
+            p = before.index(ids[i])
+            m = min(n - i, len(before) - p)
+            if ids[i:i + m] != before[p:p + m]:
+                j = 1
+                while ids[i + j] == before[p + j]:
+                    j += 1
+                m = j
+            if m >= _MIN_COPY:
+                out.append((ids[i], m))
+                i += m
+                continue
+        out.append(ids[i])
+        i += 1
+    lists.learn(ids)
+    return ids if len(out) == n else tuple(out)
+
+
+def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[int, ...]:
+    """The inverse of :func:`runs`; raises :class:`LogCorrupt` on a run the
+    table cannot resolve, or any run when records before were lost."""
+    if tuple not in map(type, items):  # no runs
+        lists.learn(items)
+        return items
+    if not intact:
+        raise LogCorrupt("a block-id run against records lost to damage")
+    out: list[int] = []
+    last = lists.last
+    for item in items:
+        if type(item) is int:
+            out.append(item)
+            continue
+        block_id, length = item
+        if type(block_id) is not int or type(length) is not int or length < 1:
+            raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
+        before = last.get(block_id)
+        if before is None:
+            raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
+        p = before.index(block_id)
+        copied = before[p:p + length]
+        if len(copied) != length:
+            raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "
+                             f"({len(before) - p} ids left)")
+        out.extend(copied)
+    ids = tuple(out)
+    lists.learn(ids)
+    return ids
+
+
+def _worth_a_reference(value: Any) -> bool:
+    """A ``(block_id,)`` reference (2-4 bytes) beats a hash of 5 bytes and more."""
+    return type(value) is int and not -32 <= value < 65536
+
+
+def requests_of(wire: tuple[Any, ...]) -> Iterator[str]:
+    """The request ids an event's wire tuple names (for the segment index)."""
+    tag = wire[0]
+    if tag in _REQ_FIELD_TAGS:
+        yield wire[1]
+    elif tag == 6:  # ReceiptsArrived
+        for req_id, _ in wire[1]:
+            yield req_id
+        yield from wire[2]
+
+
+def encode_compact_inputs(
+    seq: int,
+    wall_ms: int,
+    applied: Iterable[tuple[Event, Outcome]],
+    context: WireContext,
+    requests: set[str] | None,
+    *,
+    full_outcomes: bool = False,
+) -> bytes:
+    """``logformat.encode_inputs`` with compact events (updating ``context``);
+    the request ids the events name are added to ``requests``. On an
+    exception ``context`` may be part-way: reset it (start a segment)."""
+    table = TO_WIRE
+    items: list[Any] = [INPUTS, seq, wall_ms]
+    append = items.append
+    compact = context.compact
+    read_ids: dict[int, tuple[int, ...]] = {}
+    for event, outcome in applied:
+        wire = table[type(event)](event)
+        if wire[0] == _HASHES:
+            append(compact(wire, read_ids.pop(wire[1], ())))
+        else:
+            append(compact(wire))
+        if requests is not None and len(requests) < MAX_INDEX_REQUESTS:
+            requests.update(requests_of(wire))
+        append(outcome_wire(outcome) if full_outcomes else outcome_check(outcome))
+        for command in outcome.commands:
+            if type(command) is ReadHashes:
+                read_ids[command.batch_id] = command.block_ids
+    return packb(items)

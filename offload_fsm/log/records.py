@@ -1,0 +1,357 @@
+"""Event-log record format: envelopes around pure domain facts (schema 5).
+
+Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
+the records and turns them into payload bytes; ``logdecode`` turns bytes
+back into records, framing (magic, length, CRC32) is
+:mod:`offload_fsm.log.framing`, and file names are ``logfiles``.
+
+Envelope
+--------
+Every payload is one msgpack array ``[kind, seq, wall, *payload]``:
+
+==========  ===  =====================================================================
+kind        tag  payload
+==========  ===  =====================================================================
+HEADER      1    ``{...}`` (see :class:`Header`); ``wall`` is absolute seconds
+INPUTS      2    ``ev_1, check_1, ev_2, check_2, ...``: consecutive applied events
+DIGEST      3    ``digest``: ``codec.state_digest`` after event ``seq`` was applied
+GAP         4    ``lost_count``: events lost from ``seq`` on (writer overload, I/O error)
+END         5    ``events_total, digest``: clean shutdown (digest ``""`` if unknown)
+REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schema 2)
+SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3;
+                 in schema 4 ``state`` may be the zlib-deflated msgpack of it)
+BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``logcompact``)
+INDEX       9    ``first_step, end_seq, end_step, requests[, key]``: the segment from
+                 event ``seq`` (schema 4, ``key`` schema 5; see :class:`Index`)
+==========  ===  =====================================================================
+
+A SNAPSHOT is ``snapshot.to_wire(state)`` with its ``codec.state_digest``. The
+recorder writes one right after the header of every file but the first (and
+of a file that resumes the log after an I/O failure), so each file replays
+alone: retention may delete the files before it. In a schema 3 file a GAP
+counts events; before, the records the writer dropped.
+
+Kind tags are never renumbered (append new ones). ``seq`` numbers events from
+0 without holes; an INPUTS record carries the events ``seq, seq + 1, ...``
+(one connector callback: an observation and the answers of its command loop),
+which amortises the envelope and the 12 framing bytes. For non-event kinds
+``seq`` is the number of events recorded before the record, except for
+REJECTED, the last word of a poisoned core: ``seq`` is the number the
+rejected event ``ev`` was given (the events of its callback that applied
+before it are in the INPUTS records before it). ``wall`` is the recorder's
+clock (``time.time()``) in whole milliseconds since the file header's
+``created_s``, so decoding needs the header's context (``logdecode.LogDecoder``).
+
+An event ``ev_i`` is ``codec.to_wire(event)``. ``check_i`` is
+:func:`outcome_check` of what the core returned for it: ``0`` for an empty
+outcome, else a CRC32 (never 0) of the packed decisions and commands. It lets
+replay detect divergence at a cost of one to five bytes per event. With the
+header flag ``full_outcomes`` the check is replaced by the outcome itself,
+``[decisions, commands]`` as wire tuples.
+
+Versions
+--------
+The header's ``schema`` states the version of every record in its file.
+Readers refuse versions newer than :data:`SCHEMA_VERSION`
+(:class:`SchemaTooNew`) and bring older ones up to date with the chain
+:data:`UPCASTERS` (``version -> function`` from plain decoded envelope tuples
+of that version to the next), before any object is built. A changed field
+list of an event, decision or command is a new schema version plus an
+upcaster; tags stay. Schema 2 added the REJECTED kind; a schema 1 record
+is a valid schema 2 record, so its upcaster is the identity. Schema 3 added
+the SNAPSHOT kind, again the identity for older records. Schema 4 added the
+compact forms of :mod:`offload_fsm.log.compact` (window deltas, hash
+references, BATCH) and the INDEX kind; a plain record is a valid compact
+one, so its upcaster is the identity too. Schema 5 added block-id runs in
+``CandidateOffered`` and compact op records in snapshots; schema 4's forms
+are valid schema 5 forms (the identity again), while a schema 4 reader
+refuses a schema 5 file instead of misreading a run.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import attrs
+
+from offload_fsm.log.wire import (
+    TO_WIRE,
+    OutcomeWire,
+    outcome_check,
+    outcome_wire,
+    pack_array_header,
+    packb,
+    to_wire,
+)
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
+
+__all__ = [
+    "END",
+    "DIGEST",
+    "GAP",
+    "HEADER",
+    "INPUTS",
+    "PUB_TOPIC",
+    "REJECTED",
+    "SCHEMA_VERSION",
+    "SNAPSHOT",
+    "BATCH",
+    "INDEX",
+    "UPCASTERS",
+    "Index",
+    "Digest",
+    "End",
+    "Gap",
+    "Header",
+    "Inputs",
+    "LogRecord",
+    "Rejected",
+    "Snapshot",
+    "encode_digest",
+    "encode_end",
+    "encode_gap",
+    "encode_header",
+    "encode_index",
+    "encode_inputs",
+    "encode_rejected",
+    "encode_packed_snapshot",
+    "encode_snapshot",
+]
+
+SCHEMA_VERSION: Final[int] = 5
+
+HEADER: Final[int] = 1
+INPUTS: Final[int] = 2
+DIGEST: Final[int] = 3
+GAP: Final[int] = 4
+END: Final[int] = 5
+REJECTED: Final[int] = 6  # added in schema 2
+SNAPSHOT: Final[int] = 7  # added in schema 3
+BATCH: Final[int] = 8  # added in schema 4
+INDEX: Final[int] = 9  # added in schema 4
+
+PUB_TOPIC: Final[bytes] = b"lolog"
+"""The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
+
+def _upcast_v1_v2(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 2 only added the REJECTED kind, which v1 files never contain."""
+    return item
+
+
+def _upcast_v2_v3(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 3 only added the SNAPSHOT kind, which v2 files never contain."""
+    return item
+
+
+def _upcast_v3_v4(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 4 added compact forms and kinds; a schema 3 record is a plain one."""
+    return item
+
+
+def _upcast_v4_v5(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 5 added block-id runs and compact snapshot ops (``logcompact``),
+    whose readers take schema 4's plain forms as they are."""
+    return item
+
+
+UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
+    1: _upcast_v1_v2,
+    2: _upcast_v2_v3,
+    3: _upcast_v3_v4,
+    4: _upcast_v4_v5,
+}
+"""``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
+``n + 1``."""
+
+
+# --------------------------------------------------------------------------
+# Records.
+
+
+@attrs.frozen(kw_only=True)
+class Header:
+    """First record of every file: everything needed to replay the run."""
+
+    seq: int  # events recorded before this file
+    wall_time_s: float
+    schema: int
+    config: dict[str, Any]  # OffloadConfig.to_wire()
+    policy: str
+    world_size: int
+    versions: dict[str, str]  # package, vllm, lmcache, ...
+    created_s: float
+    file_index: int = 0
+    digest_every: int = 0
+    full_outcomes: bool = False
+    engine_index: int = 0  # vLLM's data-parallel rank (several engines, one directory)
+
+
+@attrs.frozen(kw_only=True)
+class Inputs:
+    """Applied events ``seq, seq + 1, ...`` with their outcome checks (ints)
+    or, under ``full_outcomes``, their outcomes (:data:`OutcomeWire`)."""
+
+    seq: int
+    wall_time_s: float
+    events: tuple[Event, ...]
+    checks: tuple[int | OutcomeWire, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Digest:
+    seq: int  # the last event applied before the digest was taken
+    wall_time_s: float
+    digest: str
+
+
+@attrs.frozen(kw_only=True)
+class Gap:
+    seq: int  # the first lost event
+    wall_time_s: float
+    lost_count: int
+
+
+@attrs.frozen(kw_only=True)
+class End:
+    seq: int  # events recorded in total
+    wall_time_s: float
+    events_total: int
+    digest: str
+
+
+@attrs.frozen(kw_only=True)
+class Rejected:
+    """The core rejected ``event``, which was given number ``seq``; nothing
+    was applied after it (the machine is poisoned)."""
+
+    seq: int
+    wall_time_s: float
+    event: Event
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """The whole state before event ``seq`` (``snapshot.to_wire``, decoded
+    into a state by ``snapshot.from_wire`` with the header's config), and its
+    ``codec.state_digest``. A reader's ``state`` is a
+    ``logsnapshot.LazyState``, decoded when :meth:`wire` asks for it."""
+
+    seq: int
+    wall_time_s: float
+    digest: str
+    state: Any  # the wire tuple, or a LazyState of it
+
+    def wire(self) -> tuple[Any, ...]:
+        """The state's wire tuple; raises ``LogCorrupt`` when it does not decode."""
+        state = self.state
+        return state if type(state) is tuple else state.wire()
+
+
+@attrs.frozen(kw_only=True)
+class Index:
+    """What a segment (events ``seq`` to ``end_seq - 1``, from a header or a
+    snapshot to the next) holds: the token steps it spans (``state.step_index``
+    before its first event and after its last) and every request id its
+    events name, or None when unknown (events were lost, or too many).
+
+    ``key`` (schema 5): CRC-32 chained, from 0, over the body (after the wall
+    clock, ``logpeek``) of each INPUTS and DIGEST payload of the segment in
+    order; None when a GAP or REJECTED was in it, or before schema 5. Two
+    runs whose segments have the same ``seq``, ``end_seq`` and ``key`` hold
+    the same events, checks and digests there (``replay diff`` skips them)."""
+
+    seq: int
+    wall_time_s: float
+    first_step: int
+    end_seq: int
+    end_step: int
+    requests: tuple[str, ...] | None
+    key: int | None = None
+
+
+LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index
+
+
+# --------------------------------------------------------------------------
+# Encoding.
+
+
+def _ms(wall_time_s: float, created_s: float) -> int:
+    return max(0, round((wall_time_s - created_s) * 1000.0))
+
+
+def encode_header(header: Header) -> bytes:
+    body: dict[str, Any] = {
+        "schema": header.schema,
+        "config": header.config,
+        "policy": header.policy,
+        "world_size": header.world_size,
+        "versions": header.versions,
+        "created_s": header.created_s,
+        "file_index": header.file_index,
+        "digest_every": header.digest_every,
+        "full_outcomes": header.full_outcomes,
+        "engine_index": header.engine_index,
+    }
+    return packb((HEADER, header.seq, header.wall_time_s, body))
+
+
+def encode_inputs(
+    seq: int,
+    wall_ms: int,
+    applied: Iterable[tuple[Event, Outcome]],
+    *,
+    full_outcomes: bool = False,
+) -> bytes:
+    """An INPUTS payload for events numbered from ``seq``; ``wall_ms`` is
+    relative to the file header's ``created_s``."""
+    table = TO_WIRE
+    items: list[Any] = [INPUTS, seq, wall_ms]
+    append = items.append
+    for event, outcome in applied:
+        append(table[type(event)](event))
+        append(outcome_wire(outcome) if full_outcomes else outcome_check(outcome))
+    return packb(items)
+
+
+def encode_digest(seq: int, wall_ms: int, digest: str) -> bytes:
+    return packb((DIGEST, seq, wall_ms, digest))
+
+
+def encode_gap(seq: int, wall_ms: int, lost_count: int) -> bytes:
+    return packb((GAP, seq, wall_ms, lost_count))
+
+
+def encode_end(seq: int, wall_ms: int, events_total: int, digest: str) -> bytes:
+    return packb((END, seq, wall_ms, events_total, digest))
+
+
+def encode_rejected(seq: int, wall_ms: int, event: Event, reason: str) -> bytes:
+    return packb((REJECTED, seq, wall_ms, to_wire(event), reason))
+
+
+def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...],
+                    *, level: int = 0) -> bytes:
+    """With ``level`` (schema 4) the state travels deflated at that zlib level."""
+    body = zlib.compress(packb(state), level) if level else state
+    return packb((SNAPSHOT, seq, wall_ms, digest, body))
+
+
+def encode_packed_snapshot(seq: int, wall_ms: int, digest: str, packed_state: bytes,
+                           *, level: int = 0) -> bytes:
+    """:func:`encode_snapshot` of the state whose packed bytes are
+    ``packed_state`` (``logsnapshot.packed_snapshot``): the same bytes."""
+    if level:
+        return packb((SNAPSHOT, seq, wall_ms, digest, zlib.compress(packed_state, level)))
+    return b"".join((pack_array_header(5), packb(SNAPSHOT), packb(seq), packb(wall_ms),
+                     packb(digest), packed_state))
+
+
+def encode_index(seq: int, wall_ms: int, first_step: int, end_seq: int, end_step: int,
+                 requests: Iterable[str] | None, key: int | None = None) -> bytes:
+    listed = None if requests is None else tuple(sorted(requests))
+    return packb((INDEX, seq, wall_ms, first_step, end_seq, end_step, listed, key))
