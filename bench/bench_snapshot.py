@@ -30,7 +30,7 @@ from offload_fsm.vocabulary.events import CandidateOffered, RequestArrived
 
 
 def build(policy: Policy, *, ops: int, requests: int, blocks_per_op: int = 2) -> State:
-    config = OffloadConfig(enabled=True, policy=policy, threshold=10**9, select_count=1)
+    config = OffloadConfig(policy=policy, threshold=10**9, select_count=1)
     state = new_state(config, world_size=2)
     per_request = max(1, ops // requests)
     block = 0

@@ -27,7 +27,7 @@ def measure(
     n_ops: int = 5000, blocks_per_op: int = 8, ops_per_request: int = 4
 ) -> dict[str, float]:
     config = parse_config({"lmcache.mp.lazy_offload": True,
-                           "lmcache.mp.lazy_offload_policy": "EVICTION_AWARE"})
+                           "lmcache.mp.lazy_offload_policy": "EVICTION_AWARE"}).offload
     state = new_state(config, world_size=1)
     n_req = (n_ops + ops_per_request - 1) // ops_per_request
     req_ids = [f"req-{i:06d}" for i in range(n_req)]

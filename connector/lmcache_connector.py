@@ -49,7 +49,7 @@ from connector.eventlog import EventLogWriter
 from connector.manager import EventSourcedManager
 from connector.recording import EventRecorder, installed_versions
 from offload_fsm import parse_config
-from offload_fsm.vocabulary.config import PREFIX, ConfigError, OffloadConfig, Policy
+from offload_fsm.vocabulary.config import PREFIX, ConfigError, Policy, Settings
 from offload_fsm.vocabulary.decisions import SelectReason
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
@@ -62,25 +62,25 @@ def _prefix_caching_on(vllm_config: Any) -> bool:
     return bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False))
 
 
-def check_extra_config(extra_config: Any) -> OffloadConfig:
+def check_extra_config(extra_config: Any) -> Settings:
     """Parse the lazy-offload keys of ``kv_connector_extra_config``; raises
     :class:`ConfigError` (key, value, what is allowed) on the first bad one."""
     return parse_config(dict(extra_config or {}))
 
 
-def check_vllm_config(vllm_config: Any) -> OffloadConfig:
+def check_vllm_config(vllm_config: Any) -> Settings:
     """:func:`check_extra_config`, then the settings lazy offload needs from
     vLLM itself (prefix caching)."""
     transfer = getattr(vllm_config, "kv_transfer_config", None)
-    config = check_extra_config(getattr(transfer, "kv_connector_extra_config", None))
+    settings = check_extra_config(getattr(transfer, "kv_connector_extra_config", None))
     cache = getattr(vllm_config, "cache_config", None)
-    if config.enabled and cache is not None and not _prefix_caching_on(vllm_config):
+    if settings.shell.enabled and cache is not None and not _prefix_caching_on(vllm_config):
         raise ValueError(
             "lmcache.mp.lazy_offload requires vLLM prefix caching: start vLLM with "
             "--enable-prefix-caching (LLM(..., enable_prefix_caching=True)), or set "
             "lmcache.mp.lazy_offload to false"
         )
-    return config
+    return settings
 
 
 def _fingerprint(block_hash: Any) -> int:
@@ -120,15 +120,15 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
         self._log_writer: EventLogWriter | None = None
-        config = check_vllm_config(vllm_config)
+        settings = check_vllm_config(vllm_config)
+        config = settings.offload
         super().__init__(vllm_config, role, kv_cache_config)
-        self.offload_config = config
-        if not config.enabled or not hasattr(self, "_lazy_offload_manager"):
+        if not settings.shell.enabled or not hasattr(self, "_lazy_offload_manager"):
             return  # eager, or the worker role: LMCache's own code throughout
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
         engine_index = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
-        recorder = _make_recorder(config, world_size, engine_index)
+        recorder = _make_recorder(settings, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -198,11 +198,11 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> Any:
-        config = check_vllm_config(vllm_config)
-        if not config.enabled:
+        settings = check_vllm_config(vllm_config)
+        if not settings.shell.enabled:
             return super().build_prom_metrics(vllm_config, metric_types, labelnames,
                                               per_engine_labelvalues)
-        primary = SelectReason.FIFO if config.policy is Policy.FIFO else \
+        primary = SelectReason.FIFO if settings.offload.policy is Policy.FIFO else \
             SelectReason.WINDOW
         return metrics.LazyOffloadPromMetrics(vllm_config, metric_types, labelnames,
                                               per_engine_labelvalues, primary_reason=primary)
@@ -234,7 +234,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
 
 def _make_recorder(
-    config: OffloadConfig, world_size: int, engine_index: int = 0
+    settings: Settings, world_size: int, engine_index: int = 0
 ) -> EventRecorder | None:
     """The event log writer, or None when turned off (``log_dir`` = "").
 
@@ -242,7 +242,8 @@ def _make_recorder(
     (``lmcache.mp.lazy_offload_log_dir``) start-up fails with a
     :class:`ConfigError` naming the key, the path and the OS error; the default
     one (no key) costs one warning, and vLLM serves without an event log."""
-    directory = config.log_dir
+    shell = settings.shell
+    directory = shell.log_dir
     origin = f"{PREFIX}_log_dir"
     if directory is None:
         directory = os.environ.get(DEFAULT_LOG_DIR_ENV)
@@ -253,17 +254,18 @@ def _make_recorder(
         return None
     try:
         return EventRecorder(
-            config,
+            settings.offload,
             world_size,
             directory,
             installed_versions(),
-            pub_endpoint=config.log_pub_endpoint,
+            pub_endpoint=shell.log_pub_endpoint,
             engine_index=engine_index,
-            max_file_bytes=max(1, round(config.log_max_file_mib * _MIB)),
-            max_total_bytes=max(1, round(config.log_max_total_mib * _MIB)),
+            max_file_bytes=max(1, round(shell.log_max_file_mib * _MIB)),
+            max_total_bytes=max(1, round(shell.log_max_total_mib * _MIB)),
+            header_config=settings.to_wire(),
         )
     except OSError as error:
-        if config.log_dir is not None:
+        if shell.log_dir is not None:
             raise ConfigError(f"{PREFIX}_log_dir", directory,
                               f"a directory the event log can be written to ({error})"
                               ) from error

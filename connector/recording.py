@@ -127,7 +127,7 @@ from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
 from offload_fsm.log.wire import outcome_wire, to_wire
 from offload_fsm.machine import step
 from offload_fsm.state import State, new_state
-from offload_fsm.vocabulary.config import OffloadConfig
+from offload_fsm.vocabulary.config import OffloadConfig, Settings
 from offload_fsm.vocabulary.events import Event, StepScheduled
 from offload_fsm.vocabulary.outcome import Outcome
 
@@ -197,8 +197,10 @@ class _Encoder:
         pub_endpoint: str,
         engine_index: int = 0,
         compress_level: int = 6,
+        header_config: Mapping[str, object] | None = None,
     ) -> None:
-        self._config = config.to_wire()
+        self._config = dict(header_config if header_config is not None
+                            else Settings(offload=config).to_wire())
         self._engine_index = engine_index
         self._policy = config.policy.value
         self._world_size = world_size
@@ -464,7 +466,10 @@ class EventRecorder:
         register_atexit: bool = True,
         snapshot_every: int = 10_000,
         compress_level: int = 6,
+        header_config: Mapping[str, object] | None = None,
     ) -> None:
+        """``header_config``: the settings each file header records
+        (``Settings.to_wire``); by default ``config``'s with the shell's defaults."""
         self._seq = 0
         self._batch: list[tuple[Event, Outcome]] = []
         self._batch_seq = 0
@@ -485,7 +490,7 @@ class EventRecorder:
         if directory is None:
             return
         self._encoder = _Encoder(config, world_size, versions, digest_every, full_outcomes,
-                                 pub_endpoint, engine_index, compress_level)
+                                 pub_endpoint, engine_index, compress_level, header_config)
         if prefix is None and engine_index:  # several engines share one directory
             prefix = f"{default_prefix()}-engine{engine_index}"
         self._writer = EventLogWriter(

@@ -33,7 +33,14 @@ from offload_fsm.invariants import assert_invariants, check_all
 from offload_fsm.machine import drive, step
 from offload_fsm.queries import has_in_flight, watches, window_depth
 from offload_fsm.state import State, new_state
-from offload_fsm.vocabulary.config import ConfigError, OffloadConfig, Policy, parse_config
+from offload_fsm.vocabulary.config import (
+    ConfigError,
+    OffloadConfig,
+    Policy,
+    Settings,
+    ShellConfig,
+    parse_config,
+)
 from offload_fsm.vocabulary.errors import InvalidEvent, LogCorrupt, MachinePoisoned
 from offload_fsm.vocabulary.outcome import Outcome
 
@@ -45,6 +52,8 @@ __all__ = [
     "OffloadConfig",
     "Outcome",
     "Policy",
+    "Settings",
+    "ShellConfig",
     "State",
     "assert_invariants",
     "check_all",

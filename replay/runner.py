@@ -165,7 +165,8 @@ def spaced_collections() -> Iterator[None]:
 
 
 def config_of(header: Header) -> OffloadConfig:
-    return parse_recorded_config(header.config)
+    """The core's config a log was recorded under."""
+    return parse_recorded_config(header.config).offload
 
 
 def replay(

@@ -60,7 +60,7 @@ from offload_fsm.machine import drive
 from offload_fsm.queries import watches, window_depth
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
-from offload_fsm.vocabulary.config import PREFIX, OffloadConfig, parse_recorded_config
+from offload_fsm.vocabulary.config import PREFIX, OffloadConfig, Settings, parse_recorded_config
 from offload_fsm.vocabulary.errors import InvalidEvent, MachinePoisoned
 from offload_fsm.vocabulary.events import (
     CandidateOffered,
@@ -123,7 +123,7 @@ def override(header: Header, policy: str | None, settings: list[str]) -> Offload
         key = key.strip()
         full = key if key.startswith(PREFIX) else f"{PREFIX}_{key}"
         wire[full] = value.strip()
-    return parse_recorded_config(wire)
+    return parse_recorded_config(wire).offload
 
 
 class _SyntheticWorld:
@@ -230,7 +230,8 @@ class LogWriter:
         self._batch: list[tuple[Event, Outcome]] = []
         self._batch_seq = 0
         header = Header(seq=0, wall_time_s=self._created_s, schema=SCHEMA_VERSION,
-                        config=config.to_wire(), policy=config.policy.value,
+                        config=Settings(offload=config).to_wire(),
+                        policy=config.policy.value,
                         world_size=world_size,
                         versions={"package": "replay whatif", "vllm": "", "lmcache": ""},
                         created_s=self._created_s, digest_every=digest_every,

@@ -42,7 +42,7 @@ class RecordingWorld(World):
 
 
 def default_config(policy: Policy = Policy.EVICTION_AWARE) -> OffloadConfig:
-    return OffloadConfig(enabled=True, policy=policy, threshold=4, select_count=4,
+    return OffloadConfig(policy=policy, threshold=4, select_count=4,
                          horizon_steps=2.5, max_drain_per_step=16,
                          max_deferral_seconds=0.5 if policy is Policy.EVICTION_AWARE else 0.0)
 

@@ -1,5 +1,11 @@
-"""Lazy-offload configuration: one frozen object parsed from vLLM's
-``kv_connector_extra_config``.
+"""Lazy-offload configuration: every ``lmcache.mp.lazy_offload*`` key of
+vLLM's ``kv_connector_extra_config``, parsed and validated in one place.
+
+Two frozen records hold the result (:class:`Settings`): :class:`OffloadConfig`,
+what the core reads (``State.config``), and :class:`ShellConfig`, what only the
+connector reads (whether lazy offload is on, the event log's directory,
+stream and disk bounds). One key table (``_KEYS``) names every key, its
+record, field and parser, so an unknown key is refused against all of them.
 
 Keys (spec ``lazy-offload.md`` plus LMCache's EVICTION_AWARE knobs):
 
@@ -28,7 +34,7 @@ The two flush keys (``offload_fsm.rules.tail_flush``) are off by default, as the
 has it (the idle tail is not flushed automatically); with them off the
 machine behaves, decides and digests exactly as before they existed.
 
-Contract: :func:`parse_config` either returns a fully valid :class:`OffloadConfig`
+Contract: :func:`parse_config` either returns fully valid :class:`Settings`
 or raises :class:`ConfigError` naming the key, the value and what is allowed.
 Nothing is coerced silently: a boolean given as the string ``"true"`` is an
 error, a count of ``8.9`` is an error (upstream truncates it), NaN and
@@ -45,7 +51,8 @@ from __future__ import annotations
 import difflib
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Final
 
 import attrs
 
@@ -75,41 +82,35 @@ class ConfigError(ValueError):
 
 @attrs.frozen(kw_only=True)
 class OffloadConfig:
-    """The validated lazy-offload settings. Field names match the key suffixes."""
+    """The settings the core reads (``State.config``). Field names match the
+    key suffixes."""
 
-    enabled: bool = False
     policy: Policy = Policy.EVICTION_AWARE
     threshold: int = 100
     select_count: int = 10
     horizon_steps: float = 2.5
     max_drain_per_step: int = 64
     max_deferral_seconds: float = 0.0
-    log_dir: str | None = None
-    log_pub_endpoint: str = ""
     # A submitted batch whose receipts have not all arrived this long after its
     # selection (logical time, from events) is abandoned. 300 s is LMCache's own
     # longest wait on its server (``mq_timeout``) and 10x its dead-server
     # detection (three missed 10 s heartbeats), after which LMCache itself
     # reports every pending store; so only a lost receipt ever reaches it.
     receipt_lease_s: float = 300.0
-    # Disk use of the event log: the directory's total over all runs (oldest
-    # files deleted first, never the file being written) and the rotation size.
-    log_max_total_mib: float = 1024.0
-    log_max_file_mib: float = 64.0
-    # The tail flush (``offload_fsm.rules.tail_flush``): after this many consecutive empty
+    # The tail flush (``rules.tail_flush``): after this many consecutive empty
     # steps, submit the intact buffered ops of finished requests (0: never).
     idle_flush_steps: int = 0
     # When vLLM begins shutting down, submit them too and keep the engine
     # stepping at most this long for their receipts (0: never).
     shutdown_flush_s: float = 0.0
     # EVICTION_AWARE: an op too big for the pin or shield headroom is cut to
-    # its chunk prefix that fits (``offload_fsm.rules.split``) instead of waiting
-    # whole. Off only to replay logs recorded before the rule existed.
+    # its chunk prefix that fits (``rules.split``) instead of waiting whole.
+    # Off only to replay logs recorded before the rule existed.
     chunk_split: bool = True
     # EVICTION_AWARE: a pin-cascade re-read takes this many free-queue blocks
     # beyond the danger depth, so the rounds after it plan from what it read
-    # instead of reading again (``eviction_aware``). 0: one read per round, as
-    # logs recorded before the key existed replay.
+    # instead of reading again (``policies.eviction_aware``). 0: one read per
+    # round, as logs recorded before the key existed replay.
     cascade_lookahead_blocks: int = 1024
 
     def __attrs_post_init__(self) -> None:
@@ -124,26 +125,42 @@ class OffloadConfig:
             f" max_deferral_seconds={self.max_deferral_seconds}"
         )
 
+
+@attrs.frozen(kw_only=True)
+class ShellConfig:
+    """The settings only the connector reads: whether lazy offload is on, and
+    where and how much the event log writes. Field names match the key
+    suffixes (``enabled`` is the bare ``lmcache.mp.lazy_offload`` key)."""
+
+    enabled: bool = False
+    log_dir: str | None = None  # None: the connector's default directory
+    log_pub_endpoint: str = ""
+    # Disk use of the event log: the directory's total over all runs (oldest
+    # files deleted first, never the file being written) and the rotation size.
+    log_max_total_mib: float = 1024.0
+    log_max_file_mib: float = 64.0
+
+    def __attrs_post_init__(self) -> None:
+        _validate(self)
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Every lazy-offload key of ``kv_connector_extra_config``, validated."""
+
+    offload: OffloadConfig = attrs.Factory(OffloadConfig)
+    shell: ShellConfig = attrs.Factory(ShellConfig)
+
     def to_wire(self) -> dict[str, object]:
-        """A plain dict keyed by the full config keys, for log headers."""
-        return {
-            PREFIX: self.enabled,
-            f"{PREFIX}_policy": self.policy.value,
-            f"{PREFIX}_threshold": self.threshold,
-            f"{PREFIX}_select_count": self.select_count,
-            f"{PREFIX}_horizon_steps": self.horizon_steps,
-            f"{PREFIX}_max_drain_per_step": self.max_drain_per_step,
-            f"{PREFIX}_max_deferral_seconds": self.max_deferral_seconds,
-            f"{PREFIX}_log_dir": self.log_dir if self.log_dir is not None else "",
-            f"{PREFIX}_log_pub_endpoint": self.log_pub_endpoint,
-            f"{PREFIX}_receipt_lease_s": self.receipt_lease_s,
-            f"{PREFIX}_log_max_total_mib": self.log_max_total_mib,
-            f"{PREFIX}_log_max_file_mib": self.log_max_file_mib,
-            f"{PREFIX}_idle_flush_steps": self.idle_flush_steps,
-            f"{PREFIX}_shutdown_flush_s": self.shutdown_flush_s,
-            f"{PREFIX}_chunk_split": self.chunk_split,
-            f"{PREFIX}_cascade_lookahead_blocks": self.cascade_lookahead_blocks,
-        }
+        """A plain dict keyed by the full config keys, in the key table's
+        order, for log headers."""
+        wire: dict[str, object] = {}
+        for key, (record, name, _) in _KEYS.items():
+            value = getattr(getattr(self, record), name)
+            if isinstance(value, Policy):
+                value = value.value
+            wire[key] = "" if value is None else value
+        return wire
 
 
 def _bool(key: str, value: object) -> bool:
@@ -216,50 +233,41 @@ def _log_dir(key: str, value: object) -> str | None:
     raise ConfigError(key, value, 'a directory path string, or "" to turn the event log off')
 
 
-_PARSERS = {
-    PREFIX: ("enabled", _bool),
-    f"{PREFIX}_policy": ("policy", _policy),
-    f"{PREFIX}_threshold": ("threshold", _positive_int),
-    f"{PREFIX}_select_count": ("select_count", _positive_int),
-    f"{PREFIX}_horizon_steps": (
-        "horizon_steps",
-        lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False),
-    ),
-    f"{PREFIX}_max_drain_per_step": ("max_drain_per_step", _positive_int),
-    f"{PREFIX}_max_deferral_seconds": (
-        "max_deferral_seconds",
-        lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True),
-    ),
-    f"{PREFIX}_log_dir": ("log_dir", _log_dir),
-}
-
 def _endpoint(key: str, value: object) -> str:
     if isinstance(value, str) and (value == "" or "://" in value):
         return value
     raise ConfigError(key, value, 'a ZeroMQ endpoint such as "tcp://127.0.0.1:5600", or ""')
 
 
-_PARSERS[f"{PREFIX}_log_pub_endpoint"] = ("log_pub_endpoint", _endpoint)
-_PARSERS[f"{PREFIX}_receipt_lease_s"] = (
-    "receipt_lease_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
-)
-_PARSERS[f"{PREFIX}_log_max_total_mib"] = (
-    "log_max_total_mib", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False)
-)
-_PARSERS[f"{PREFIX}_log_max_file_mib"] = (
-    "log_max_file_mib", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=False)
-)
+def _at_least(minimum: float, *, inclusive: bool) -> Callable[[str, object], float]:
+    return lambda key, value: _finite_float(key, value, minimum=minimum, inclusive=inclusive)
 
-_PARSERS[f"{PREFIX}_idle_flush_steps"] = ("idle_flush_steps", _count)
-_PARSERS[f"{PREFIX}_shutdown_flush_s"] = (
-    "shutdown_flush_s", lambda k, v: _finite_float(k, v, minimum=0.0, inclusive=True)
-)
 
-_PARSERS[f"{PREFIX}_chunk_split"] = ("chunk_split", _bool)
-_PARSERS[f"{PREFIX}_cascade_lookahead_blocks"] = (
-    "cascade_lookahead_blocks",
-    lambda k, v: _integer(k, v, minimum=0, allowed="an integer >= 0 (0: read once a round)"),
-)
+# Every key: the record that holds it ("offload": the core's OffloadConfig,
+# "shell": the connector's ShellConfig), its field, and its parser. The order
+# is the log header's.
+_KEYS: Final[dict[str, tuple[str, str, Callable[[str, object], object]]]] = {
+    PREFIX: ("shell", "enabled", _bool),
+    f"{PREFIX}_policy": ("offload", "policy", _policy),
+    f"{PREFIX}_threshold": ("offload", "threshold", _positive_int),
+    f"{PREFIX}_select_count": ("offload", "select_count", _positive_int),
+    f"{PREFIX}_horizon_steps": ("offload", "horizon_steps", _at_least(0.0, inclusive=False)),
+    f"{PREFIX}_max_drain_per_step": ("offload", "max_drain_per_step", _positive_int),
+    f"{PREFIX}_max_deferral_seconds": (
+        "offload", "max_deferral_seconds", _at_least(0.0, inclusive=True)),
+    f"{PREFIX}_log_dir": ("shell", "log_dir", _log_dir),
+    f"{PREFIX}_log_pub_endpoint": ("shell", "log_pub_endpoint", _endpoint),
+    f"{PREFIX}_receipt_lease_s": ("offload", "receipt_lease_s", _at_least(0.0, inclusive=True)),
+    f"{PREFIX}_log_max_total_mib": (
+        "shell", "log_max_total_mib", _at_least(0.0, inclusive=False)),
+    f"{PREFIX}_log_max_file_mib": ("shell", "log_max_file_mib", _at_least(0.0, inclusive=False)),
+    f"{PREFIX}_idle_flush_steps": ("offload", "idle_flush_steps", _count),
+    f"{PREFIX}_shutdown_flush_s": ("offload", "shutdown_flush_s", _at_least(0.0, inclusive=True)),
+    f"{PREFIX}_chunk_split": ("offload", "chunk_split", _bool),
+    f"{PREFIX}_cascade_lookahead_blocks": (
+        "offload", "cascade_lookahead_blocks",
+        lambda k, v: _integer(k, v, minimum=0, allowed="an integer >= 0 (0: read once a round)")),
+}
 
 # Keys a log header may lack because it was recorded before they existed: the
 # value that reproduces the recorder's behaviour then.
@@ -271,51 +279,56 @@ _BEFORE_THEY_EXISTED: dict[str, object] = {
     f"{PREFIX}_cascade_lookahead_blocks": 0,
 }
 
-KNOWN_KEYS: tuple[str, ...] = tuple(_PARSERS)
+KNOWN_KEYS: tuple[str, ...] = tuple(_KEYS)
+_RECORDS: Final = {"offload": OffloadConfig, "shell": ShellConfig}
 
 
-def _validate(config: OffloadConfig) -> None:
-    """A config built directly is checked as :func:`parse_config` checks its
+def _validate(config: OffloadConfig | ShellConfig) -> None:
+    """A record built directly is checked as :func:`parse_config` checks its
     keys, and must already hold typed values (no strings for numbers); the
     :class:`ConfigError` names the field (``parse_config`` names the key)."""
-    for name, parse in _PARSERS.values():
+    record = "offload" if isinstance(config, OffloadConfig) else "shell"
+    for owner, name, parse in _KEYS.values():
+        if owner != record:
+            continue
         value = getattr(config, name)
         parsed = parse(name, value)
         exact = type(parsed) is type(value) or (type(parsed) is float and type(value) is int)
         if parsed != value or not exact:
             kind = type(parsed).__name__
             raise ConfigError(name, value, f"a value of type {kind} (parse_config takes"
-                              " strings; OffloadConfig takes typed values)")
-    if config.log_max_file_mib > config.log_max_total_mib:
+                              " strings; the config records take typed values)")
+    if isinstance(config, ShellConfig) and config.log_max_file_mib > config.log_max_total_mib:
         raise ConfigError("log_max_file_mib", config.log_max_file_mib,
                           f"at most {PREFIX}_log_max_total_mib ({config.log_max_total_mib:g}):"
                           " a file is never deleted while it is written")
 
 
-def parse_config(extra_config: Mapping[str, object]) -> OffloadConfig:
+def parse_config(extra_config: Mapping[str, object]) -> Settings:
     """Parse the lazy-offload keys of ``kv_connector_extra_config``.
 
     Keys outside the ``lmcache.mp.lazy_offload`` family are ignored (they belong
     to LMCache's connector). Raises :class:`ConfigError` on the first bad key.
     """
-    fields: dict[str, object] = {}
+    fields: dict[str, dict[str, object]] = {"offload": {}, "shell": {}}
     for key, value in extra_config.items():
         if not key.startswith(PREFIX):
             continue
-        if key not in _PARSERS:
+        if key not in _KEYS:
             close = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.0)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(key, value, f"a known key ({', '.join(KNOWN_KEYS)}){hint}")
-        name, parse = _PARSERS[key]
-        fields[name] = parse(key, value)
+        record, name, parse = _KEYS[key]
+        fields[record][name] = parse(key, value)
     try:
-        return OffloadConfig(**fields)  # type: ignore[arg-type]
+        return Settings(offload=OffloadConfig(**fields["offload"]),  # type: ignore[arg-type]
+                        shell=ShellConfig(**fields["shell"]))  # type: ignore[arg-type]
     except ConfigError as error:  # a check across fields (_validate): name the key
-        key = next((k for k, (name, _) in _PARSERS.items() if name == error.key), error.key)
+        key = next((k for k, (_, name, _) in _KEYS.items() if name == error.key), error.key)
         raise ConfigError(key, error.value, error.allowed) from None
 
 
-def parse_recorded_config(wire: Mapping[str, object]) -> OffloadConfig:
-    """The config of a log header (``OffloadConfig.to_wire``); keys added
-    after the log was recorded take the values it was recorded under."""
+def parse_recorded_config(wire: Mapping[str, object]) -> Settings:
+    """The settings of a log header (``Settings.to_wire``); keys added after
+    the log was recorded take the values it was recorded under."""
     return parse_config({**_BEFORE_THEY_EXISTED, **wire})

@@ -22,7 +22,7 @@ from offload_fsm.log.framing import scan
 from offload_fsm.log.records import Gap, Header, Inputs, Snapshot
 from offload_fsm.state import State
 from offload_fsm.testing.synthetic import default_config, run_workload
-from offload_fsm.vocabulary.config import OffloadConfig
+from offload_fsm.vocabulary.config import Settings, ShellConfig
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
@@ -438,9 +438,9 @@ def test_a_configured_unwritable_log_dir_fails_start_up_naming_key_path_and_erro
     from offload_fsm.vocabulary.config import ConfigError
 
     path = _unwritable(tmp_path)
-    config = OffloadConfig(enabled=True, log_dir=str(path))
+    settings = Settings(shell=ShellConfig(enabled=True, log_dir=str(path)))
     with pytest.raises(ConfigError) as raised:
-        make_recorder(config, 1)
+        make_recorder(settings, 1)
     message = str(raised.value)
     assert raised.value.key == "lmcache.mp.lazy_offload_log_dir"
     assert "lmcache.mp.lazy_offload_log_dir" in message and str(path) in message
@@ -455,16 +455,16 @@ def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
     monkeypatch.delenv(module.DEFAULT_LOG_DIR_ENV, raising=False)
     monkeypatch.setattr(module, "DEFAULT_LOG_DIR", str(_unwritable(tmp_path)))
     with caplog.at_level("WARNING"):
-        assert make_recorder(OffloadConfig(enabled=True), 1) is None
+        assert make_recorder(Settings(shell=ShellConfig(enabled=True)), 1) is None
     (record,) = [r for r in caplog.records if "event log directory" in r.getMessage()]
     assert "serving continues without an event log" in record.getMessage()
 
 
 def test_a_writable_log_dir_gets_the_configured_bounds(tmp_path: Path,
                                                        make_recorder: Any) -> None:
-    config = OffloadConfig(enabled=True, log_dir=str(tmp_path / "logs"),
-                           log_max_total_mib=2.0, log_max_file_mib=0.5)
-    recorder = make_recorder(config, 1)
+    settings = Settings(shell=ShellConfig(enabled=True, log_dir=str(tmp_path / "logs"),
+                                          log_max_total_mib=2.0, log_max_file_mib=0.5))
+    recorder = make_recorder(settings, 1)
     try:
         writer = recorder.writer
         assert writer._max_file_bytes == 512 * 1024

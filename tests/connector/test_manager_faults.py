@@ -43,8 +43,7 @@ class Shell:
         """``log_dir``: record an event log there (``connector.recording``)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()
-        settings = {"enabled": True, "policy": Policy.FIFO, "threshold": 1,
-                    "select_count": 100, "log_dir": log_dir, **config}
+        settings = {"policy": Policy.FIFO, "threshold": 1, "select_count": 100, **config}
         offload = OffloadConfig(**settings)
         recorder = None if log_dir is None else EventRecorder(
             offload, 1, log_dir, {"package": "test", "vllm": "", "lmcache": ""})

@@ -1,8 +1,8 @@
 """The shell's next-step reserve (``StepScheduled.reserve_blocks``): a prefilling
 request is charged another chunk only up to its prompt's end, and a request whose
 prefill ends this step is charged like a decode. The pin budget keeps this reserve
-free, so an overestimate holds drains back (the burst-repeat workload's losses,
-bench/README.md) and an underestimate risks preemptions."""
+free, so an overestimate holds drains back (what they would have stored is lost)
+and an underestimate risks preemptions."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _output(new: list[tuple[str, int, int, int | None]],
 
 
 def _manager() -> EventSourcedManager:
-    config = OffloadConfig(enabled=True, policy=Policy.EVICTION_AWARE)
+    config = OffloadConfig(policy=Policy.EVICTION_AWARE)
     return EventSourcedManager(config, world_size=1, group_tokens_per_block=[BLOCK])
 
 

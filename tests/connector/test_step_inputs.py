@@ -42,7 +42,7 @@ def _new_request(req_id: str, block_ids: list[int]) -> Any:
 
 def test_a_prefix_hit_is_no_reallocation_and_a_changed_hash_is() -> None:
     pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=BLOCK)
-    mgr = EventSourcedManager(OffloadConfig(enabled=True, policy=Policy.EVICTION_AWARE),
+    mgr = EventSourcedManager(OffloadConfig(policy=Policy.EVICTION_AWARE),
                               world_size=1, group_tokens_per_block=[BLOCK])
     mgr.bind_block_pool(pool)
     steps: list[StepScheduled] = []

@@ -49,13 +49,13 @@ OP_BLOCKS = 2
 
 
 def fifo(**overrides: Any) -> OffloadConfig:
-    fields: dict[str, Any] = {"enabled": True, "policy": Policy.FIFO}
+    fields: dict[str, Any] = {"policy": Policy.FIFO}
     fields.update(overrides)
     return OffloadConfig(**fields)
 
 
 def ea(**overrides: Any) -> OffloadConfig:
-    fields: dict[str, Any] = {"enabled": True, "policy": Policy.EVICTION_AWARE}
+    fields: dict[str, Any] = {"policy": Policy.EVICTION_AWARE}
     fields.update(overrides)
     return OffloadConfig(**fields)
 
@@ -268,7 +268,7 @@ def random_world_run(policy: Policy, seed: int, actions: int) -> World:
     depend on PYTHONHASHSEED."""
     rng = random.Random(seed)
     config = OffloadConfig(
-        enabled=True, policy=policy, threshold=2, select_count=2, horizon_steps=2.5,
+        policy=policy, threshold=2, select_count=2, horizon_steps=2.5,
         max_drain_per_step=3,
         max_deferral_seconds=0.05 if policy is Policy.EVICTION_AWARE else 0.0,
     )

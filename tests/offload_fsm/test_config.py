@@ -8,15 +8,21 @@ import math
 import attrs
 import pytest
 
-from offload_fsm import ConfigError, OffloadConfig, Policy, parse_config
+from offload_fsm import ConfigError, OffloadConfig, Policy, Settings, ShellConfig, parse_config
 
 P = "lmcache.mp.lazy_offload"
 
 
+def core(extra: dict[str, object]) -> OffloadConfig:
+    """The core's record of what ``extra`` parses to."""
+    return parse_config(extra).offload
+
+
 def test_defaults_match_the_spec() -> None:
-    config = parse_config({})
-    assert config == OffloadConfig()
-    assert config.enabled is False
+    settings = parse_config({})
+    assert settings == Settings(offload=OffloadConfig(), shell=ShellConfig())
+    assert settings.shell.enabled is False
+    config = settings.offload
     assert config.policy is Policy.EVICTION_AWARE
     assert config.threshold == 100
     assert config.select_count == 10
@@ -26,7 +32,7 @@ def test_defaults_match_the_spec() -> None:
 
 
 def test_spec_example_enables_fifo_20_10() -> None:
-    config = parse_config({
+    settings = parse_config({
         "lmcache.mp.host": "localhost",
         "lmcache.mp.port": 5555,
         f"{P}": True,
@@ -34,16 +40,17 @@ def test_spec_example_enables_fifo_20_10() -> None:
         f"{P}_threshold": 20,
         f"{P}_select_count": 10,
     })
-    assert (config.enabled, config.policy, config.threshold, config.select_count) == (
+    config = settings.offload
+    assert (settings.shell.enabled, config.policy, config.threshold, config.select_count) == (
         True, Policy.FIFO, 20, 10)
 
 
 def test_native_and_json_string_numbers_give_equal_configs() -> None:
-    native = parse_config({
+    native = core({
         f"{P}_horizon_steps": 4.0, f"{P}_max_drain_per_step": 8,
         f"{P}_max_deferral_seconds": 1.5, f"{P}_threshold": 20, f"{P}_select_count": 3,
     })
-    strings = parse_config({
+    strings = core({
         f"{P}_horizon_steps": "4", f"{P}_max_drain_per_step": "8",
         f"{P}_max_deferral_seconds": "1.5", f"{P}_threshold": "20", f"{P}_select_count": "3",
     })
@@ -53,16 +60,16 @@ def test_native_and_json_string_numbers_give_equal_configs() -> None:
 
 
 def test_integral_float_is_accepted_for_a_count() -> None:
-    assert parse_config({f"{P}_threshold": 8.0}).threshold == 8
+    assert core({f"{P}_threshold": 8.0}).threshold == 8
 
 
 def test_zero_deferral_is_allowed() -> None:
-    assert parse_config({f"{P}_max_deferral_seconds": 0}).max_deferral_seconds == 0.0
+    assert core({f"{P}_max_deferral_seconds": 0}).max_deferral_seconds == 0.0
 
 
 def test_policy_names() -> None:
-    assert parse_config({f"{P}_policy": "EVICTION_AWARE"}).policy is Policy.EVICTION_AWARE
-    assert parse_config({f"{P}_policy": "FIFO"}).policy is Policy.FIFO
+    assert core({f"{P}_policy": "EVICTION_AWARE"}).policy is Policy.EVICTION_AWARE
+    assert core({f"{P}_policy": "FIFO"}).policy is Policy.FIFO
 
 
 def test_keys_outside_the_family_are_ignored() -> None:
@@ -72,7 +79,7 @@ def test_keys_outside_the_family_are_ignored() -> None:
         "lmcache.mp.lazy": "x",  # not the lazy_offload family
         "something_else": object(),
     })
-    assert config == OffloadConfig()
+    assert config == Settings()
 
 
 BAD = [
@@ -174,14 +181,14 @@ def test_unicode_digit_string_for_a_count_is_a_config_error() -> None:
 
 
 def test_log_disk_bounds_default_to_1024_and_64_mib() -> None:
-    config = parse_config({})
-    assert (config.log_max_total_mib, config.log_max_file_mib) == (1024.0, 64.0)
+    shell = parse_config({}).shell
+    assert (shell.log_max_total_mib, shell.log_max_file_mib) == (1024.0, 64.0)
 
 
 def test_log_disk_bounds_accept_numbers_and_numeric_strings() -> None:
-    config = parse_config({f"{P}_log_max_total_mib": "0.5", f"{P}_log_max_file_mib": 0.125})
-    assert (config.log_max_total_mib, config.log_max_file_mib) == (0.5, 0.125)
-    wire = config.to_wire()
+    settings = parse_config({f"{P}_log_max_total_mib": "0.5", f"{P}_log_max_file_mib": 0.125})
+    assert (settings.shell.log_max_total_mib, settings.shell.log_max_file_mib) == (0.5, 0.125)
+    wire = settings.to_wire()
     assert (wire[f"{P}_log_max_total_mib"], wire[f"{P}_log_max_file_mib"]) == (0.5, 0.125)
 
 
@@ -239,8 +246,9 @@ def test_a_misspelt_log_bound_suggests_the_key(typo: str, suggestion: str) -> No
 def test_a_config_built_directly_refuses_a_bad_field_by_name(
     field: str, value: object, allowed: str
 ) -> None:
+    record = ShellConfig if field in attrs.fields_dict(ShellConfig) else OffloadConfig
     with pytest.raises(ConfigError) as raised:
-        OffloadConfig(**{field: value})  # type: ignore[arg-type]
+        record(**{field: value})  # type: ignore[arg-type]
     assert raised.value.key == field and raised.value.value is value
     assert allowed in str(raised.value)
 
@@ -250,15 +258,15 @@ def test_a_nan_horizon_never_reaches_the_first_token_step() -> None:
     from offload_fsm.policies.ea_planner import danger_depth
 
     with pytest.raises(ConfigError, match="horizon_steps"):
-        new_state(OffloadConfig(enabled=True, horizon_steps=math.nan), world_size=1)
+        new_state(OffloadConfig(horizon_steps=math.nan), world_size=1)
     with pytest.raises(ValueError):  # what the first token step used to raise
         danger_depth(1.0, 0, math.nan)
 
 
 def test_a_config_built_directly_keeps_valid_typed_values() -> None:
-    config = OffloadConfig(enabled=True, policy=Policy.FIFO, threshold=3, horizon_steps=1,
-                           log_dir=None, log_max_total_mib=8.0, log_max_file_mib=8.0)
-    assert (config.threshold, config.horizon_steps, config.log_dir) == (3, 1, None)
+    config = OffloadConfig(policy=Policy.FIFO, threshold=3, horizon_steps=1)
+    shell = ShellConfig(enabled=True, log_dir=None, log_max_total_mib=8.0, log_max_file_mib=8.0)
+    assert (config.threshold, config.horizon_steps, shell.log_dir) == (3, 1, None)
     assert attrs.evolve(config, threshold=4).threshold == 4
     with pytest.raises(ConfigError, match="threshold"):
         attrs.evolve(config, threshold=0)
@@ -271,18 +279,18 @@ def test_a_config_built_directly_keeps_valid_typed_values() -> None:
 def test_the_tail_flush_is_off_by_default_and_logs_without_its_keys_replay_with_it_off() -> None:
     from offload_fsm.vocabulary.config import parse_recorded_config
 
-    assert (parse_config({}).idle_flush_steps, parse_config({}).shutdown_flush_s) == (0, 0.0)
-    old_header = {k: v for k, v in OffloadConfig(enabled=True).to_wire().items()
-                  if "flush" not in k}
-    recorded = parse_recorded_config(old_header)
+    assert (core({}).idle_flush_steps, core({}).shutdown_flush_s) == (0, 0.0)
+    old_header = {k: v for k, v in Settings().to_wire().items() if "flush" not in k}
+    recorded = parse_recorded_config(old_header).offload
     assert (recorded.idle_flush_steps, recorded.shutdown_flush_s) == (0, 0.0)
 
 
 def test_the_tail_flush_keys_accept_numbers_and_numeric_strings() -> None:
-    config = parse_config({f"{P}_idle_flush_steps": "8", f"{P}_shutdown_flush_s": "2.5"})
+    settings = parse_config({f"{P}_idle_flush_steps": "8", f"{P}_shutdown_flush_s": "2.5"})
+    config = settings.offload
     assert (config.idle_flush_steps, config.shutdown_flush_s) == (8, 2.5)
-    assert parse_config({f"{P}_idle_flush_steps": 0}).idle_flush_steps == 0
-    wire = config.to_wire()
+    assert core({f"{P}_idle_flush_steps": 0}).idle_flush_steps == 0
+    wire = settings.to_wire()
     assert (wire[f"{P}_idle_flush_steps"], wire[f"{P}_shutdown_flush_s"]) == (8, 2.5)
 
 
@@ -295,12 +303,12 @@ def test_the_tail_flush_keys_accept_numbers_and_numeric_strings() -> None:
 def test_chunk_split_is_on_and_logs_recorded_before_it_replay_with_it_off() -> None:
     from offload_fsm.vocabulary.config import parse_recorded_config
 
-    assert parse_config({}).chunk_split is True
-    assert parse_config({f"{P}_chunk_split": False}).chunk_split is False
-    wire = OffloadConfig(enabled=True).to_wire()
-    assert parse_recorded_config(wire).chunk_split is True
+    assert core({}).chunk_split is True
+    assert core({f"{P}_chunk_split": False}).chunk_split is False
+    wire = Settings().to_wire()
+    assert parse_recorded_config(wire).offload.chunk_split is True
     del wire[f"{P}_chunk_split"]
-    assert parse_recorded_config(wire).chunk_split is False
+    assert parse_recorded_config(wire).offload.chunk_split is False
 
 
 def test_cascade_lookahead_is_on_and_logs_recorded_before_it_replay_with_one_read_a_round(
@@ -308,12 +316,12 @@ def test_cascade_lookahead_is_on_and_logs_recorded_before_it_replay_with_one_rea
     from offload_fsm.vocabulary.config import parse_recorded_config
 
     key = f"{P}_cascade_lookahead_blocks"
-    assert parse_config({}).cascade_lookahead_blocks == 1024
-    assert parse_config({key: "0"}).cascade_lookahead_blocks == 0
-    wire = OffloadConfig(enabled=True, cascade_lookahead_blocks=7).to_wire()
-    assert parse_recorded_config(wire).cascade_lookahead_blocks == 7
+    assert core({}).cascade_lookahead_blocks == 1024
+    assert core({key: "0"}).cascade_lookahead_blocks == 0
+    wire = Settings(offload=OffloadConfig(cascade_lookahead_blocks=7)).to_wire()
+    assert parse_recorded_config(wire).offload.cascade_lookahead_blocks == 7
     del wire[key]
-    assert parse_recorded_config(wire).cascade_lookahead_blocks == 0
+    assert parse_recorded_config(wire).offload.cascade_lookahead_blocks == 0
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, "many", True])
@@ -330,3 +338,24 @@ def test_a_bad_chunk_split_value_names_key_value_and_allowed(value: object) -> N
     with pytest.raises(ConfigError) as raised:
         parse_config({key: value})
     assert raised.value.key == key and "a JSON boolean" in str(raised.value)
+
+
+# --------------------------------------------------------------------------
+# One parser, two records: the core's and the connector's.
+
+
+def test_the_core_record_holds_only_what_the_core_reads() -> None:
+    shell_only = {"enabled", "log_dir", "log_pub_endpoint", "log_max_total_mib",
+                  "log_max_file_mib"}
+    assert set(attrs.fields_dict(OffloadConfig)) & shell_only == set()
+    assert set(attrs.fields_dict(ShellConfig)) == shell_only
+
+
+def test_a_header_records_every_key_and_parses_back() -> None:
+    from offload_fsm.vocabulary.config import KNOWN_KEYS, parse_recorded_config
+
+    settings = parse_config({f"{P}": True, f"{P}_policy": "FIFO", f"{P}_threshold": 7,
+                             f"{P}_log_dir": "/var/log/x", f"{P}_log_max_file_mib": 2})
+    wire = settings.to_wire()
+    assert tuple(wire) == KNOWN_KEYS
+    assert parse_recorded_config(wire) == settings

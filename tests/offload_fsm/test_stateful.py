@@ -61,7 +61,7 @@ class OffloadMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         config = OffloadConfig(
-            enabled=True, policy=self.policy, threshold=2, select_count=2,
+            policy=self.policy, threshold=2, select_count=2,
             horizon_steps=2.5, max_drain_per_step=3,
             max_deferral_seconds=0.05 if self.policy is Policy.EVICTION_AWARE else 0.0,
             receipt_lease_s=LEASE_S, idle_flush_steps=self.idle_flush_steps,
@@ -206,7 +206,7 @@ class OffloadMachine(RuleBasedStateMachine):
 
     @invariant()
     def core_invariants_hold(self) -> None:
-        if self.world.drain is None:  # a poisoned state is frozen mid-callback
+        if self.world.drain is None:  # a failed shell leaves the state mid-callback
             assert check_all(self.world.state) == []
 
     @invariant()

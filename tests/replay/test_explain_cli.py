@@ -22,7 +22,7 @@ from replay.runner import replay
 from replay.tail import follow
 from tests.replay.conftest import VERSIONS
 
-CONFIG = OffloadConfig(enabled=True, policy=Policy.EVICTION_AWARE, horizon_steps=2.5,
+CONFIG = OffloadConfig(policy=Policy.EVICTION_AWARE, horizon_steps=2.5,
                        max_drain_per_step=8)
 
 
