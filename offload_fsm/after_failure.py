@@ -75,7 +75,7 @@ class DrainOnly:
         now_s: float,
         unexecuted: Iterable[Command] = (),
     ) -> tuple[DrainOnly, list[Command]]:
-        """Start from ``state`` (poisoned or not), ``submitted`` (request id ->
+        """Start from ``state`` (closed or mid-callback), ``submitted`` (request id ->
         (batch id, block ids) of each store the shell handed to LMCache and has
         not seen settle) and ``held_pins`` (block id -> protections the shell
         applied and has not released); ``unexecuted``: commands the core

@@ -16,7 +16,7 @@ The invariants:
   its current-generation batch ends where its buffer starts (what was
   selected is a contiguous front slice).
 * ``quiet_on_empty_steps``: nothing was selected on a zero-token step, except
-  by a configured tail flush (``tail``): after ``idle_flush_steps``
+  by a configured tail flush (``tail_flush``): after ``idle_flush_steps``
   consecutive empty steps, or inside the shutdown wait.
 * ``verified_before_submit``: every in-flight op passed its hash check (the
   check itself is the ``HashesRead`` handler; submitted ops carry no other

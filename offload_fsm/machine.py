@@ -7,7 +7,7 @@ Rules this module keeps
    transition modules it dispatches to (``lifecycle``, ``drain``,
    ``eviction_aware`` and the helpers they share: ``buffer``, ``pins``,
    ``blockindex``, ``dedup``). Planners (``fifo.plan_fifo``, ``ea_planner``),
-   ``invariants``, ``codec.state_digest`` and ``queries`` only read.
+   ``invariants``, ``digest.state_digest`` and ``queries`` only read.
 2. No clock, no randomness, no I/O, no logging. Time arrives on events; ids
    (op, batch, admission order) are counters in the state; iteration follows
    dict insertion order. The same events give the same decisions, commands and
@@ -16,7 +16,8 @@ Rules this module keeps
    phase say which events apply; each handler checks its event's values
    before it writes anything.
 4. One poison path: any exception inside a step (an illegal event, a bad
-   value, or a bug of the core) poisons the state and raises
+   value, or a bug of the core) poisons the machine (``State.closed`` says
+   why) and raises
    :class:`StepFailed` (``InvalidEvent`` or ``CoreFault``) with the event and
    the reason; later steps raise :class:`MachinePoisoned`.
    ``ShutdownRequested`` closes the machine the same way. ``drive`` attaches
@@ -55,7 +56,7 @@ fields and hands over to the policy (``PolicyHooks.token_step``: FIFO's
 threshold rule in ``fifo``; the danger window, cascade and shields in
 ``eviction_aware``). Its commands are answered before the next observation.
 A step with zero scheduled tokens selects nothing; it only lifts shields,
-unless a tail flush is configured (``tail``: after ``idle_flush_steps``
+unless a tail flush is configured (``tail_flush``: after ``idle_flush_steps``
 empty steps in a row, or after ``ShutdownBegan``, the ready requests'
 intact buffered ops are selected; off by default).
 

@@ -49,7 +49,7 @@ def has_in_flight(state: State) -> bool:
 def keeps_stepping(state: State, now_s: float) -> bool:
     """Whether vLLM must keep stepping (``has_pending_push_work``), at the
     shell's time ``now_s``: :func:`has_in_flight`, or a ready request that a
-    configured tail flush will select on a coming empty step (``tail``).
+    configured tail flush will select on a coming empty step (``tail_flush``).
     Once the shutdown wait has passed ``shutdown_until_s``, never: vLLM may
     stop, and what is left is recorded at ``ShutdownRequested``."""
     until = state.shutdown_until_s

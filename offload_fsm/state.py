@@ -3,7 +3,7 @@
 Only ``machine.step`` writes these objects, through the transition modules it
 calls (it owns them linearly: a state is handed to ``step``, which updates it
 in place and returns what it decided; the caller never mutates it).
-Everything else (the planners, ``invariants``, ``codec.state_digest``, the
+Everything else (the planners, ``invariants``, ``digest.state_digest``, the
 replay tool, ``queries``) only reads.
 
 Iteration order is always insertion order of dicts or explicit sort keys; no
@@ -188,7 +188,7 @@ class State:
     # Derived from stored_keys: the keys in the order remembered, with one stale
     # entry per key forgotten since (counted in stored_stale), so the oldest is found
     # from the left in O(1) amortised (``next(iter(stored_keys))`` costs O(keys
-    # deleted from the dict's front) in CPython: ~0.2 ms a store at the bound).
+    # deleted from the dict's front) in CPython: a scan per store at the bound).
     stored_order: deque[int] = attrs.Factory(deque)
     stored_stale: dict[int, int] = attrs.Factory(dict)
     claimed_keys: dict[int, int] = attrs.Factory(dict)
@@ -201,7 +201,7 @@ class State:
     next_op_id: int = 0
     next_batch_id: int = 0
     next_order: int = 0
-    # The tail flush (``tail``): consecutive empty steps, ops it selected this
+    # The tail flush (``tail_flush``): consecutive empty steps, ops it selected this
     # step, and the end of the shutdown wait (None until vLLM began shutting down).
     idle_steps: int = 0
     flushed_in_step: int = 0

@@ -108,7 +108,7 @@ def scan_digests(path: str | os.PathLike[str], prefix: str | None = None,
 
 def equal_segments(a: list[seek.Segment], b: list[seek.Segment]) -> tuple[_Skip, _Skip]:
     """The leading segments two runs share: same events, same snapshot digest
-    at their start, and an INDEX key (``logformat.Index.key``) that says the
+    at their start, and an INDEX key (``log.records.Index.key``) that says the
     same bodies follow, for each side as ``scan_digests``'s ``skip``."""
     skip_a: _Skip = {}
     skip_b: _Skip = {}

@@ -2,7 +2,7 @@
 
 The connector's recorder (``lmcache.mp.lazy_offload_log_pub_endpoint``)
 binds a PUB socket and publishes every framed record as a two-part message
-``[logformat.PUB_TOPIC, frame]``, re-publishing the file header before every
+``[log.records.PUB_TOPIC, frame]``, re-publishing the file header before every
 digest so that a late subscriber learns the schema and time base. :func:`follow`
 subscribes, validates each frame (CRC) and decodes it, prints one line per
 record and reports holes in the event sequence (records dropped by the

@@ -27,9 +27,9 @@ ABORT_LEAD_S = 5.0
 # vLLM 0.32's idle engine core waits on its input queue with no timeout, and its
 # SIGTERM handler is Python: CPython runs it only when the main thread wakes. When
 # the kernel delivers the process's SIGTERM to another of its threads, the main
-# thread never wakes and the engine never shuts down (reproduced without any KV
-# connector by sending SIGTERM to one of the engine's other threads; bench/README.md,
-# stop 26). So an engine still alive this long after shutdown began gets SIGTERM
+# thread never wakes and the engine never shuts down (vLLM's own behaviour: it
+# happens without any KV connector when SIGTERM lands on one of the engine's other
+# threads). So an engine still alive this long after shutdown began gets SIGTERM
 # again, sent to its main thread, which wakes it; the engine log says so. An engine
 # running our connector does that itself (``connector.shutdown_signal``); this is
 # for the others (no connector, LMCache's own).

@@ -2,7 +2,7 @@
 
 Tests and benches make "the other run" of a ``replay diff`` by editing a copy
 of a log (an outcome check flipped, an input changed). The recorder keys each
-segment's INDEX with the bodies it wrote (``logformat.Index.key``), and
+segment's INDEX with the bodies it wrote (``log.records.Index.key``), and
 ``diff`` trusts equal keys without reading the segment, so an edited copy
 must carry the keys of what it now holds: :func:`rekeyed` recomputes them.
 """

@@ -4,7 +4,7 @@ Pure module: standard library (``zlib``) and ``msgpack`` only.
 
 A BATCH record ``[BATCH, seq, wall, data]`` holds consecutive payloads (seq
 and wall of the first): ``data`` is their msgpack bytes, concatenated and
-deflated by one ``zlib`` stream per segment (``logcompact``), each batch
+deflated by one ``zlib`` stream per segment (``log.compact``), each batch
 ending on a sync flush. So a batch inflates only after the batches before it
 in its segment, like the compact forms; the reader needs both anyway.
 """
@@ -52,7 +52,7 @@ class Deflater:
     def batch(self, payloads: list[bytes]) -> bytes:
         # One compress call per batch, not per payload: each call lets the
         # GIL go and must take it back, which on a busy process is a wait for
-        # the switch interval each time (bench/README.md, "The writer and the GIL").
+        # the switch interval each time.
         stream = self._stream
         return stream.compress(b"".join(payloads)) + stream.flush(zlib.Z_SYNC_FLUSH)
 

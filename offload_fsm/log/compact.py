@@ -2,13 +2,13 @@
 
 Pure module: standard library and ``msgpack`` only. The writer
 (``connector.recording``, on the writer thread) and the reader
-(``logdecode.LogDecoder``) each keep one :class:`WireContext` per *segment*:
+(``log.decode.LogDecoder``) each keep one :class:`WireContext` per *segment*:
 a segment runs from a file's header, or from a SNAPSHOT record, to the next
 of either. Both reset their context there, so every segment decodes alone
 (a file starts one; ``replay explain`` seeks to one).
 
 Compact event forms (inside INPUTS records only; the wire tuple otherwise
-as ``codec.to_wire``). A plain wire tuple is always a valid compact form,
+as ``log.wire.to_wire``). A plain wire tuple is always a valid compact form,
 so a schema 3 event decodes unchanged (its upcaster is the identity):
 
 * A window (``StepScheduled.window_block_ids``, ``FreeQueueRead``'s) is a
@@ -27,8 +27,8 @@ so a schema 3 event decodes unchanged (its upcaster is the identity):
   re-offers a prefix other requests offered (the shared system prompt, the
   session's earlier turns), so its list is a few pairs.
 
-Snapshots use the same forms (``logsnapshot``); the records of a segment
-are deflated as one stream (``logbatch``).
+Snapshots use the same forms (``log.snapshot_pack``); the records of a
+segment are deflated as one stream (``log.batch``).
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ class WireContext:
         if not items:
             return ()
         # The common shapes, in C: every id sent, or one copy and then the
-        # ids the window's tail gained (9 in 10 steps of the agentic trace).
+        # ids the window's tail gained (the usual step: the window only grows
+        # at its tail).
         sent = items[1:]
         if not sent or set(map(type, sent)) == _INT_ONLY:
             if type(items[0]) is int:
@@ -368,7 +369,7 @@ def encode_compact_inputs(
     *,
     full_outcomes: bool = False,
 ) -> bytes:
-    """``logformat.encode_inputs`` with compact events (updating ``context``);
+    """``log.records.encode_inputs`` with compact events (updating ``context``);
     the request ids the events name are added to ``requests``. On an
     exception ``context`` may be part-way: reset it (start a segment)."""
     table = TO_WIRE

@@ -1,15 +1,15 @@
-"""Event-log decoding: payload bytes back into records (see ``logformat``).
+"""Event-log decoding: payload bytes back into records (see ``log.records``).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. A payload
 decodes under its file's schema version (a header under its own); older
-versions are brought up to date by ``logformat.UPCASTERS`` before any object
+versions are brought up to date by ``log.records.UPCASTERS`` before any object
 is built. Events are built without the attrs ``__init__`` frame (the hot path
 of replay); a snapshot's state is decoded when it is used
-(``logsnapshot.LazyState``). Every failure is :class:`UnknownTag`, :class:`SchemaTooNew` or
-:class:`LogCorrupt`.
+(``log.snapshot_pack.LazyState``). Every failure is :class:`UnknownTag`,
+:class:`SchemaTooNew` or :class:`LogCorrupt`.
 
 :class:`LogDecoder` decodes one file in order and keeps what schema 4's
-compact forms need (``logcompact``): the segment's :class:`WireContext` and
+compact forms need (``log.compact``): the segment's :class:`WireContext` and
 zlib stream, reset at a header or a snapshot. After damage (:meth:`LogDecoder.lose`)
 a reference or a batch of the same segment raises :class:`LogCorrupt`
 rather than decode against records that are gone.

@@ -10,7 +10,7 @@ Record format (all integers little-endian)::
     0       4     MAGIC            b"LOF1"
     4       4     payload length   uint32, 0 <= length <= MAX_PAYLOAD_BYTES
     8       4     CRC32            zlib.crc32(payload) & 0xFFFFFFFF
-    12      n     payload          opaque bytes (the event codec's output)
+    12      n     payload          opaque bytes (a ``log.records`` payload)
 
 A log is a plain concatenation of records; there is no file header at the
 framing level (the connector writes a *header payload* as the first record
@@ -217,7 +217,7 @@ def _valid_run(buf: bytes, base: int, pos: int) -> Generator[Record, None, int]:
         if crc32(payload) != crc:
             break
         # Equivalent to Record(base + pos, payload), minus the attrs
-        # __init__ frame (about a third of the per-record cost).
+        # __init__ frame (a Python call per record, on the scan's hot path).
         rec = new_record(Record)
         set_offset(rec, base + pos)
         set_payload(rec, payload)

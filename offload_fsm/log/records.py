@@ -1,9 +1,9 @@
 """Event-log record format: envelopes around pure domain facts (schema 5).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
-the records and turns them into payload bytes; ``logdecode`` turns bytes
+the records and turns them into payload bytes; ``log.decode`` turns bytes
 back into records, framing (magic, length, CRC32) is
-:mod:`offload_fsm.log.framing`, and file names are ``logfiles``.
+:mod:`offload_fsm.log.framing`, and file names are ``log.names``.
 
 Envelope
 --------
@@ -14,18 +14,18 @@ kind        tag  payload
 ==========  ===  =====================================================================
 HEADER      1    ``{...}`` (see :class:`Header`); ``wall`` is absolute seconds
 INPUTS      2    ``ev_1, check_1, ev_2, check_2, ...``: consecutive applied events
-DIGEST      3    ``digest``: ``codec.state_digest`` after event ``seq`` was applied
+DIGEST      3    ``digest``: ``digest.state_digest`` after event ``seq`` was applied
 GAP         4    ``lost_count``: events lost from ``seq`` on (writer overload, I/O error)
 END         5    ``events_total, digest``: clean shutdown (digest ``""`` if unknown)
 REJECTED    6    ``ev, reason``: the core rejected event ``seq`` (added in schema 2)
 SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added in schema 3;
                  in schema 4 ``state`` may be the zlib-deflated msgpack of it)
-BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``logcompact``)
+BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``log.compact``)
 INDEX       9    ``first_step, end_seq, end_step, requests[, key]``: the segment from
                  event ``seq`` (schema 4, ``key`` schema 5; see :class:`Index`)
 ==========  ===  =====================================================================
 
-A SNAPSHOT is ``snapshot.to_wire(state)`` with its ``codec.state_digest``. The
+A SNAPSHOT is ``log.snapshot.to_wire(state)`` with its ``digest.state_digest``. The
 recorder writes one right after the header of every file but the first (and
 of a file that resumes the log after an I/O failure), so each file replays
 alone: retention may delete the files before it. In a schema 3 file a GAP
@@ -40,9 +40,9 @@ REJECTED, the last word of a poisoned core: ``seq`` is the number the
 rejected event ``ev`` was given (the events of its callback that applied
 before it are in the INPUTS records before it). ``wall`` is the recorder's
 clock (``time.time()``) in whole milliseconds since the file header's
-``created_s``, so decoding needs the header's context (``logdecode.LogDecoder``).
+``created_s``, so decoding needs the header's context (``log.decode.LogDecoder``).
 
-An event ``ev_i`` is ``codec.to_wire(event)``. ``check_i`` is
+An event ``ev_i`` is ``log.wire.to_wire(event)``. ``check_i`` is
 :func:`outcome_check` of what the core returned for it: ``0`` for an empty
 outcome, else a CRC32 (never 0) of the packed decisions and commands. It lets
 replay detect divergence at a cost of one to five bytes per event. With the
@@ -152,7 +152,7 @@ def _upcast_v3_v4(item: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _upcast_v4_v5(item: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Schema 5 added block-id runs and compact snapshot ops (``logcompact``),
+    """Schema 5 added block-id runs and compact snapshot ops (``log.compact``),
     whose readers take schema 4's plain forms as they are."""
     return item
 
@@ -235,10 +235,10 @@ class Rejected:
 
 @attrs.frozen(kw_only=True)
 class Snapshot:
-    """The whole state before event ``seq`` (``snapshot.to_wire``, decoded
-    into a state by ``snapshot.from_wire`` with the header's config), and its
-    ``codec.state_digest``. A reader's ``state`` is a
-    ``logsnapshot.LazyState``, decoded when :meth:`wire` asks for it."""
+    """The whole state before event ``seq`` (``log.snapshot.to_wire``, decoded
+    into a state by ``log.snapshot.from_wire`` with the header's config), and
+    its ``digest.state_digest``. A reader's ``state`` is a
+    ``log.snapshot_pack.LazyState``, decoded when :meth:`wire` asks for it."""
 
     seq: int
     wall_time_s: float
@@ -259,7 +259,7 @@ class Index:
     events name, or None when unknown (events were lost, or too many).
 
     ``key`` (schema 5): CRC-32 chained, from 0, over the body (after the wall
-    clock, ``logpeek``) of each INPUTS and DIGEST payload of the segment in
+    clock, ``log.peek``) of each INPUTS and DIGEST payload of the segment in
     order; None when a GAP or REJECTED was in it, or before schema 5. Two
     runs whose segments have the same ``seq``, ``end_seq`` and ``key`` hold
     the same events, checks and digests there (``replay diff`` skips them)."""
@@ -344,7 +344,7 @@ def encode_snapshot(seq: int, wall_ms: int, digest: str, state: tuple[Any, ...],
 def encode_packed_snapshot(seq: int, wall_ms: int, digest: str, packed_state: bytes,
                            *, level: int = 0) -> bytes:
     """:func:`encode_snapshot` of the state whose packed bytes are
-    ``packed_state`` (``logsnapshot.packed_snapshot``): the same bytes."""
+    ``packed_state`` (``log.snapshot_pack.packed_snapshot``): the same bytes."""
     if level:
         return packb((SNAPSHOT, seq, wall_ms, digest, zlib.compress(packed_state, level)))
     return b"".join((pack_array_header(5), packb(SNAPSHOT), packb(seq), packb(wall_ms),

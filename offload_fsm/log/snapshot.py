@@ -7,7 +7,7 @@ only; no clock, no I/O.
 Primitives:
   to_wire(state)           a tuple of ints, floats, strings, None and tuples
   from_wire(data, config)  a :class:`~offload_fsm.state.State` equal to the original
-                           (same ``codec.state_digest``, same later outcomes)
+                           (same ``digest.state_digest``, same later outcomes)
 
 How it stays complete
 ---------------------
@@ -42,8 +42,8 @@ Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
 ``names`` is ``((class name, (field, ...)), ...)`` and each table is a
 tuple of positional records.
 
-``State.owners`` has a codec of its own (format 2, ``snaptables``): four
-flat tuples of ints instead of tuples per block. Format 1 snapshots decode.
+``State.owners`` has a codec of its own (format 2, ``log.snapshot_tables``):
+four flat tuples of ints instead of tuples per block. Format 1 snapshots decode.
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def encode_records(state: State, emit: Callable[[type[Any], tuple[Any, ...]], No
     shared table's records to ``emit(cls, record)``, in table order (the
     tables are ``names()``' classes after ``State``), as they are made; so
     a caller that packs each at once never holds them all
-    (``logsnapshot.packed_snapshot``)."""
+    (``log.snapshot_pack.packed_snapshot``)."""
     encoding = Encoding(_SHARED)
     body: tuple[Any, ...] = _RECORDS[State].encode(state, encoding)
     tables = encoding.tables

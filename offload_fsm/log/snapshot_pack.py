@@ -7,17 +7,17 @@ Pure module: standard library and ``msgpack``-friendly tuples only.
   snapshots after its first carry them as a delta against the snapshot
   before (:func:`compact_snapshot`); so restoring one reads the file's
   snapshots before it, not its events.
-* Schema 5: the op records use ``logcompact``'s forms against tables of
+* Schema 5: the op records use ``log.compact``'s forms against tables of
   that snapshot alone, in op order: a hash is ``True`` when an earlier op
   named the block with that hash, block ids are runs. Ops sharing a prefix
-  are the common case (78 % of the blocks the roomy agentic trace's backlog
-  holds are held by two ops or more), and their hashes are most of a
-  snapshot's bytes. A schema 4 snapshot (plain op records) expands as it is.
+  are the common case (a prefix-cache hit re-offers the blocks of a shared
+  system prompt or of a session's earlier turns), and their hashes are most
+  of a snapshot's bytes. A schema 4 snapshot (plain op records) expands as it is.
 
 A reader decodes a snapshot only when its state is used (:class:`LazyState`):
 ``replay verify`` folding through a segment compares the live state with the
-snapshot's digest and never needs the state itself, and decoding it was a
-tenth of verify's time on a busy log. A chain of lazy states (each keyed
+snapshot's digest and never needs the state itself, so decoding it there
+would be work on verify's hot path for nothing. A chain of lazy states (each keyed
 against the one before) is decoded oldest first, without recursion.
 """
 
@@ -106,7 +106,7 @@ def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
                      ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``snapshot.to_wire`` output with its op records' block ids and hashes
+    """``log.snapshot.to_wire`` output with its op records' block ids and hashes
     in compact forms (the module docstring) and its stored keys as
     ``{"front": k, "tail": keys}`` (drop ``k`` from the front of
     ``previous``, the keys of the file's snapshot before, then append
@@ -118,14 +118,14 @@ def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
 
 def packed_snapshot(state: State, previous: tuple[Any, ...] | None
                     ) -> tuple[bytes, tuple[Any, ...]]:
-    """The packed bytes of :func:`compact_snapshot` of ``snapshot.to_wire(state)``
-    (the very bytes), and the keys for the next one, made a record at a time:
-    each table record is packed (an op's compacted first, in op order, as
-    :func:`compact_snapshot` does) as the walk makes it, so the tables'
-    tuples are never all alive at once. Whole, they were thousands of young
-    objects for the cyclic GC on the heap vLLM's scheduler thread shares: one
-    snapshot of the roomy agentic backlog (1,361 ops) set off 16 young
-    collections (bench/README.md, "Stop 25")."""
+    """The packed bytes of :func:`compact_snapshot` of
+    ``log.snapshot.to_wire(state)`` (the very bytes), and the keys for the
+    next one, made a record at a time: each table record is packed (an op's
+    compacted first, in op order, as :func:`compact_snapshot` does) as the
+    walk makes it, so the tables' tuples are never all alive at once. Built
+    whole, a busy state's tables are thousands of young objects for the
+    cyclic GC on the heap vLLM's scheduler thread shares, and each snapshot
+    would set off young collections there."""
     names = snapshot.names()
     op_fields = dict(names)["Op"]
     compact = _op_compactor(op_fields.index("block_ids"), op_fields.index("block_hashes"))
@@ -208,7 +208,7 @@ class LazyState:
         self._error = ""
 
     def wire(self) -> tuple[Any, ...]:
-        """The state's ``snapshot.to_wire`` tuple."""
+        """The state's ``log.snapshot.to_wire`` tuple."""
         if self._wire is None:
             self._expand()
         assert self._wire is not None

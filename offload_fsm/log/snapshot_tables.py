@@ -3,17 +3,16 @@
 Pure module: standard library only (and the state's ``Op`` class).
 
 * :class:`Encoding` / :class:`Decoding`: a walk's tables of shared objects
-  (``snapshot``'s "Identity"): each object met is given its index in its
+  (``log.snapshot``'s "Identity"): each object met is given its index in its
   class's table once, and every reference to it is that index.
 * ``State.owners`` (block id -> its op, or a dict of its ops by id) is the
   biggest part of a busy state. Snapshot format 2 sends it as four flat
   tuples of ints (:func:`encode_owners`), where the generic codec built a
-  pair and a tagged alternative per block: 165,489 tuples for the 1,353
-  buffered ops of the roomy agentic trace, which the log writer's thread
-  built for each periodic snapshot, setting off about 200 collections of the
-  cyclic GC (a full one among them) on the heap vLLM's scheduler thread
-  shares; 6,932 now. Format 1 snapshots decode with the generic codec
-  (:func:`owners_decoder`).
+  pair and a tagged alternative per block. Those tuples, built by the log
+  writer's thread for each periodic snapshot of a busy state, set off
+  collections of the cyclic GC (full ones among them) on the heap vLLM's
+  scheduler thread shares; the flat form is four tuples whatever the size.
+  Format 1 snapshots decode with the generic codec (:func:`owners_decoder`).
 """
 
 from __future__ import annotations

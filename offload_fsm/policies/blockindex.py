@@ -13,12 +13,12 @@ dozens of chunks), so the blocks of a stretch of shared chunks have the same
 holders. They share one entry (``state.Holders``, which names its blocks and
 their hashes): an op joining or leaving such a run is one dict update and
 two tuple comparisons, not a lookup, a hash check and an update per block or
-per chunk (on the roomy agentic trace 78 % of the blocks indexed were
-already held; per chunk, the index was a fifth of the fold). A run is cut at
-a chunk boundary where an op joins part of it (one that ends inside it, or
-starts inside it), each part keeping the holders and their order; blocks an
-op holds alone map to the op, and are indexed and dropped a run at a time
-too. Where the holders of a run's blocks part ways inside a chunk (a
+per chunk (with shared prefixes most blocks indexed are already held, and an
+index kept per block or per chunk is a large share of a replay's fold). A
+run is cut at a chunk boundary where an op joins part of it (one that ends
+inside it, or starts inside it), each part keeping the holders and their
+order; blocks an op holds alone map to the op, and are indexed and dropped
+a run at a time too. Where the holders of a run's blocks part ways inside a chunk (a
 reallocated block, an op not aligned with the run's chunks, one holding its
 blocks out of order), the entry is split into one dict per block first, and
 the block-by-block rules below apply as before; so the holders each block
@@ -228,8 +228,8 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
 
 def unindex_all(state: State) -> None:
     """Every buffered op leaves (shutdown): the index empties at once, not
-    an op at a time (1,418 ops, a third of the final step's cost, on the
-    roomy agentic log)."""
+    an op at a time (the whole backlog leaves in that one step, and
+    unindexing it op by op would be most of the step's cost)."""
     state.owners.clear()
     state.owner_hashes.clear()
 

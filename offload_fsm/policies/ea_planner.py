@@ -29,9 +29,10 @@ LMCache G3 semantics, plus two rules of ours:
   leave goes, in the same order, to the requests that round held whole for
   the pin budget: each gets its first op's longest chunk-aligned prefix that
   fits (``OpSplit``). Whole ops first, and no cut in a round a cascade
-  follows: its re-read may show whole ops that need the headroom (measured:
-  cutting in place, or in the last round for every round's holds, lost
-  recall on burst-repeat; bench/README.md).
+  follows: its re-read may show whole ops that need the headroom, which a
+  part op cut before it would take (so neither cut in place, nor in the last
+  round for every round's holds: both lose whole ops when requests repeat in
+  bursts).
 * Ours: content dedup may hold a due request whose whole selection another
   batch is storing, when waiting cannot lose it (``dedup``,
   ``HoldReason.CLAIMED``).

@@ -11,7 +11,7 @@ test; otherwise one pass over the window (and over each cascade re-read)
 keeps only the buffered blocks, and the planner works on those. A step
 without scheduled tokens selects nothing (the spec evaluates drains on token
 steps only; LMCache's manager says vLLM discards such a step's metadata, but
-vLLM 0.32's workers do execute it, see ``tail``, which uses that when a tail
+vLLM 0.32's workers do execute it, see ``tail_flush``, which uses that when a tail
 flush is configured); it lifts the shields, because an idle engine must not
 hold pins.
 

@@ -5,7 +5,7 @@ flight (``State.ready``). When the ready count reaches ``threshold`` on a
 token-producing step, up to ``select_count`` ready requests are selected
 whole, in the order their first op entered the buffer. Nothing happens on a
 step without scheduled tokens, nor while idle (unless a tail flush is
-configured: ``tail``). FIFO keeps no state of its own: every other hook is
+configured: ``tail_flush``). FIFO keeps no state of its own: every other hook is
 a no-op.
 """
 

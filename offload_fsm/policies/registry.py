@@ -1,4 +1,4 @@
-"""Which hooks each drain policy runs (``hooks.PolicyHooks``).
+"""Which hooks each drain policy runs (``scope.PolicyHooks``).
 
 FIFO: ``fifo``. EVICTION_AWARE: ``eviction_aware`` (planning in
 ``ea_planner``, its state in ``blockindex`` and ``dedup``).

@@ -2,10 +2,11 @@
 
 The shared transition modules (``lifecycle``, ``drain``, ``buffer``) run the
 same code for every policy and call a :class:`PolicyHooks` at the fixed points
-below; ``fifo`` and ``eviction_aware`` each provide one (``policies`` maps a
-policy to its hooks). FIFO's hooks do nothing where EVICTION_AWARE keeps
-state of its own (the block->op index, content dedup, shields, the danger
-depth), so a reader of the FIFO path never meets an EVICTION_AWARE branch.
+below; ``fifo`` and ``eviction_aware`` each provide one
+(``policies.registry`` maps a policy to its hooks). FIFO's hooks do nothing
+where EVICTION_AWARE keeps state of its own (the block->op index, content
+dedup, shields, the danger depth), so a reader of the FIFO path never meets
+an EVICTION_AWARE branch.
 
 A :class:`Scope` lives for one ``step``: the hooks of the state's policy and
 the decisions and commands the step emits, in order.

@@ -1,7 +1,7 @@
 """The machine's counters: one typed name each, in a fixed order.
 
 ``State.counters`` maps every :class:`Counter` to an int, in declaration
-order (the counters log line and ``codec.state_digest`` depend on it). The
+order (the counters log line and ``digest.state_digest`` depend on it). The
 members are string enums whose values are the wire- and log-stable names,
 so readers may index with either the member or its name. Counters that
 depend on a cause or a reason are looked up in the tables below, never
@@ -64,11 +64,11 @@ class Counter(enum.StrEnum):
     # Counters added after schema 1 go below this line, and only there: the
     # state digest takes the ones above by position and these by name once
     # non-zero, so the digests of logs recorded before a counter existed
-    # stay valid (``codec.canonical_state``).
+    # stay valid (``digest.canonical_state``).
     ABANDONED_BATCHES = "abandoned_batches"  # receipt lease expired
     HELD_CLAIMED = "held_claimed"  # dedup: waited for another request's batch to settle
     FORGOTTEN_CHUNKS = "forgotten_chunks"  # stored chunks a lookup showed missing
-    # The tail flush (``tail``): its cost in extra writes, and what shutdown left.
+    # The tail flush (``tail_flush``): its cost in extra writes, and what shutdown left.
     IDLE_FLUSHES = "idle_flushes"  # empty steps on which the idle flush selected
     IDLE_FLUSH_OPS = "idle_flush_ops"  # ops it selected (each is one more write)
     IDLE_FLUSH_TOKENS = "idle_flush_tokens"

@@ -235,7 +235,7 @@ class FlushTrigger(enum.Enum):
 
 @attrs.frozen(kw_only=True)
 class TailFlushed:
-    """The tail flush (``tail``) selected the intact buffered ops of every
+    """The tail flush (``tail_flush``) selected the intact buffered ops of every
     finished request without a batch in flight: ``requests`` requests,
     ``ops`` ops, ``tokens`` tokens (each request also has its
     ``OpsSelected``; verification still skips stale ones). ``idle_steps``:

@@ -1,8 +1,9 @@
 """Errors the core raises.
 
 One poison path: whatever goes wrong inside ``machine.step`` (an event the
-rules forbid, or a bug of the core itself) poisons the state and surfaces as
-a :class:`StepFailed` carrying the event and the reason; ``machine.drive``
+rules forbid, or a bug of the core itself) poisons the machine (it closes
+the state: ``State.closed`` says why) and surfaces as a :class:`StepFailed`
+carrying the event and the reason; ``machine.drive``
 adds the events it had applied in the same callback, so the shell can log
 them before the rejection and replay reproduces the rejection itself.
 """
@@ -63,7 +64,7 @@ class MachinePoisoned(Exception):
 
 
 class LogCorrupt(Exception):
-    """A log record could not be decoded (see ``codec``)."""
+    """A log record could not be decoded (see ``log.decode``)."""
 
 
 class UnknownTag(LogCorrupt):

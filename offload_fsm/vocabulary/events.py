@@ -1,7 +1,7 @@
 """Input events: facts the connector observed, in the order it observed them.
 
 Every event is a frozen, keyword-only attrs class with a class-level wire tag
-``TAG`` that is never renumbered (append new tags; see ``codec.py``). Block
+``TAG`` that is never renumbered (append new tags; see ``log.wire``). Block
 hashes are 64-bit fingerprints of vLLM's block hash (``None`` when the block
 carries no prefix-cache hash); times are logical inputs in seconds that the
 connector stamps, never read by the core.

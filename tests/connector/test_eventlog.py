@@ -324,8 +324,9 @@ class _Item:
 
 
 def test_a_pending_batch_keeps_its_payloads_not_its_items(tmp_path: Path) -> None:
-    """A flush interval's items kept alive by the writer were what made the
-    cyclic GC's young collections come due (bench/README.md, "Stop 25")."""
+    """The writer keeps a pending batch's payloads, never the caller's items:
+    items kept alive for a flush interval would bring the cyclic GC's young
+    collections due on the heap vLLM's scheduler thread shares."""
     w = _writer(tmp_path, pack=_pack, batchable=lambda item: isinstance(item, _Item),
                 encode=lambda item: _encode({"i": item.i} if isinstance(item, _Item) else item),
                 item_events=lambda item: 2, flush_interval_s=60.0)

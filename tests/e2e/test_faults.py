@@ -55,9 +55,9 @@ UNRELIABLE_SERVER_SETTINGS = {
 # Where an engine step can wait on a dead or hung server (LMCache 0.5.6, CPU,
 # engine-driven transfer), all bounded by these two keys:
 # * worker, a store submitted just before the fault: PREPARE_STORE and COMMIT_STORE
-#   each wait up to mq_timeout (the whole forward step waits: measured 10.2 s and
-#   11.3 s with mq_timeout 5); later stores see the adapter unhealthy and are dropped
-#   at once, reported completed + failed;
+#   each wait up to mq_timeout (the whole forward step waits, up to 2 * mq_timeout);
+#   later stores see the adapter unhealthy and are dropped at once, reported
+#   completed + failed;
 # * heartbeat: sleeps one interval, then waits one interval for the PING, so the
 #   adapters are unhealthy at most 2 intervals after the server stopped answering;
 #   until then new requests wait for their LOOKUP ack (vLLM keeps stepping);
@@ -129,8 +129,8 @@ def fresh_server(tmp_path: Path) -> Iterator[LMCacheServer]:
 
 class StaleDedupAfterServerLoss(AssertionError):
     """Stores did not resume after a server restart (EVICTION_AWARE's content dedup
-    remembering chunks the dead server lost was the cause once; the core now forgets
-    them when a lookup shows them missing, ``ChunksMissing``)."""
+    must not keep trimming chunks the dead server lost: the core forgets them when a
+    lookup shows them missing, ``ChunksMissing``)."""
 
 
 def replay_log(log_dir: Path) -> tuple[Any, list[tuple[int, bool]]]:

@@ -4,8 +4,8 @@ shuts the engine down, and the event log is sealed (``connector.shutdown_signal`
 vLLM 0.32's idle engine core waits on its input queue with no timeout; CPython
 runs its SIGTERM handler only on the main thread, when it wakes. A process-directed
 signal may land on any thread, and one that lands elsewhere leaves the engine
-running until its manager kills it, with no END in our log (reproduced with no KV
-connector: bench/README.md, stop 26). Here ``tgkill`` sends it to another thread of
+running until its manager kills it, with no END in our log (vLLM's own behaviour:
+it happens with no KV connector too). Here ``tgkill`` sends it to another thread of
 a real engine running our connector, and nothing else wakes the engine: the test
 process waits for it to exit on its own."""
 

@@ -1,5 +1,6 @@
-"""Wire codec: every event, decision and command round-trips; the tag table
-and each type's wire layout (field order) are frozen; bad input raises."""
+"""The wire encoder (``log.wire``): every event, decision and command
+round-trips; the tag table and each type's wire layout (field order) are
+frozen; bad input raises."""
 
 from __future__ import annotations
 

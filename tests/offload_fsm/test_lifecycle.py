@@ -482,7 +482,7 @@ def test_ledger_closes_after_a_full_lifecycle() -> None:
 
 
 def _snapshot(state: State) -> tuple[Any, ...]:
-    """Everything in the state except the poison marker."""
+    """Everything in the state except ``closed`` (why the machine closed)."""
     poisoned, state.closed = state.closed, None
     try:
         canonical = canonical_state(state)

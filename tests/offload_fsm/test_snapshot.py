@@ -97,7 +97,7 @@ def test_shared_objects_stay_shared() -> None:
 
 def test_every_field_of_every_record_class_is_on_the_wire() -> None:
     """A field added to a state class later travels without a change to
-    snapshot.py (the codec is derived from the attrs fields). Only the
+    log/snapshot.py (the codec is derived from the attrs fields). Only the
     config (in the header) and the derived indexes stay off."""
     names = dict(snapshot.to_wire(new_state(default_config(), world_size=1))[1])
     for cls in (State, RequestState, Op, Batch):

@@ -173,7 +173,7 @@ def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
 
 
 def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
-    """``logsnapshot.packed_snapshot`` (the writer's snapshots) is the packed
+    """``log.snapshot_pack.packed_snapshot`` (the writer's snapshots) is the packed
     ``compact_snapshot`` of ``to_wire``, record for record, keys delta and
     all, along a real scheduler's run (shared prompts: op records in runs
     and references); and its SNAPSHOT record is the same too."""
@@ -257,7 +257,7 @@ def _offer(req: str, ids: tuple[int, ...], hashes: dict[int, int]) -> tuple[obje
 
 
 def _prefix_hits(rng: random.Random, count: int) -> list[tuple[object, ...]]:
-    """Offers like an agentic trace's: each request re-offers one of three
+    """Offers with shared prompts: each request re-offers one of three
     shared prompts (a prefix-cache hit on the same blocks), then its own blocks."""
     hashes = {b: rng.getrandbits(64) for b in range(600)}
     prompts = [tuple(rng.sample(range(300), 24)) for _ in range(3)]

@@ -168,7 +168,7 @@ def test_a_rejected_answer_is_recorded_after_its_applied_prefix(tmp_path: Path) 
     last = inputs[-1]
     assert last.events[-len(prefix):] == tuple(e for e, _ in prefix)
     assert rejected[0].seq == last.seq + len(last.events)
-    # No digest of the poisoned state: none after the rejection, none in END.
+    # No digest of the closed state: none after the rejection, none in END.
     assert isinstance(end, logformat.End)
     assert end.events_total == rejected[0].seq + 1 and end.digest == ""
     assert not any(isinstance(r, logformat.Digest) and r.seq >= last.seq for r in records)

@@ -33,8 +33,7 @@ EXPECTED = json.loads((LOGS / "expected.json").read_text())
 
 # policy -> (seq of the first outcome a defect fix changed, why).
 CHANGED_BY_FIXES: dict[str, tuple[int, str]] = {
-    # "EVICTION_AWARE at production scale", part 1, defect 1 (content dedup
-    # left a hole in a follower's chain). In the step of seq 778 the
+    # Content dedup left a hole in a follower's chain. In the step of seq 778 the
     # recording trimmed s28t0's [0, 2304) as a DUPLICATE of s58t0's batch 2,
     # which was still in flight, and selected only [2304, 2560): had batch 2
     # failed, LMCache could never have reached s28t0's last chunk. The fix

@@ -1,7 +1,7 @@
 """The simulator lets go of a finished request as vLLM does: it keeps only the block
 hashes that lazy stores and the loss attribution still read. Keeping every ``Request``
-(its token lists with it) grew the heap for the whole run and made every arm's young
-collections due several times more often than in vLLM (bench/README.md, stop 23)."""
+(its token lists with it) would grow the heap for the whole run and bring every arm's
+young collections due far more often than in vLLM."""
 
 from __future__ import annotations
 
