@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -100,6 +100,12 @@ from offload_fsm.log.compact import (
     requests_of,
 )
 from offload_fsm.log.framing import frame
+from offload_fsm.log.layout import (
+    BATCH_EVENTS,
+    closes_batch,
+    first_digest_seq,
+    next_digest_seq,
+)
 from offload_fsm.log.peek import body_key
 from offload_fsm.log.records import (
     DIGEST,
@@ -125,10 +131,10 @@ from offload_fsm.log.records import (
 )
 from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
 from offload_fsm.log.wire import outcome_wire, to_wire
-from offload_fsm.machine import step
+from offload_fsm.refold import refold
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.config import OffloadConfig, Settings
-from offload_fsm.vocabulary.events import Event, StepScheduled
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = ["EventRecorder", "installed_versions"]
@@ -182,6 +188,14 @@ def installed_versions() -> dict[str, str]:
 
 def _no_pause() -> None:
     return None
+
+
+def _pausing(applied: Sequence[tuple[Event, Outcome]], pause: Callable[[], None]
+             ) -> Iterator[tuple[Event, Outcome]]:
+    """``applied``, calling ``pause`` before handing over each pair."""
+    for pair in applied:
+        pause()
+        yield pair
 
 
 class _Encoder:
@@ -358,22 +372,17 @@ class _Encoder:
         if seq != self._fold_seq:  # dropped before the writer saw them: a GAP says so
             self._lose_fold("")
             return
-        pause = self.pause
-        for event, outcome in applied:
-            pause()
-            try:
-                got = step(fold, event)
-            except Exception as error:
-                self._lose_fold(f"event {seq} ({type(event).__name__}) failed in the "
-                                f"writer's fold after it applied live: {error}")
-                return
-            if (got is not outcome and got != outcome
-                    and outcome_wire(got) != outcome_wire(outcome)):  # (a NaN is != itself)
-                self._lose_fold(f"event {seq} ({type(event).__name__}) decided "
-                                f"{outcome_wire(got)!r} in the writer's fold, "
-                                f"{outcome_wire(outcome)!r} live")
-                return
-            seq += 1
+        seq, mismatch = refold(fold, seq, _pausing(applied, self.pause))
+        if mismatch is not None:
+            name = type(mismatch.event).__name__
+            if mismatch.outcome is None:
+                self._lose_fold(f"event {mismatch.seq} ({name}) failed in the writer's fold "
+                                f"after it applied live: {mismatch.error}")
+            else:
+                self._lose_fold(f"event {mismatch.seq} ({name}) decided "
+                                f"{outcome_wire(mismatch.outcome)!r} in the writer's fold, "
+                                f"{outcome_wire(mismatch.recorded)!r} live")  # type: ignore[arg-type]
+            return
         self._fold_seq = seq
 
     def _folded(self, seq: int, summary: tuple[Any, ...] | None) -> State:
@@ -456,7 +465,7 @@ class EventRecorder:
         pub_endpoint: str = "",
         digest_every: int = 1000,
         full_outcomes: bool = False,
-        batch_events: int = 256,
+        batch_events: int = BATCH_EVENTS,
         prefix: str | None = None,
         engine_index: int = 0,
         queue_max_items: int = 65536,
@@ -476,7 +485,7 @@ class EventRecorder:
         self._batch_wall_s = 0.0
         self._batch_events = batch_events
         self._digest_every = digest_every
-        self._next_digest = digest_every if digest_every > 0 else -1
+        self._next_digest = first_digest_seq(digest_every)
         self._rejected = False  # a rejection poisoned the state: no more digests
         self._snapshot_every = snapshot_every
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
@@ -536,10 +545,7 @@ class EventRecorder:
             return
         end = self._number(writer, applied)
         if end >= self._next_digest > 0:
-            # The digest walks the live state on this thread: space digests by
-            # at least 64 events per live request so its cost stays O(1) per event.
-            live = len(state.requests) + len(state.batches)
-            self._next_digest = end + max(self._digest_every, 64 * live)
+            self._next_digest = next_digest_seq(end, self._digest_every, state)
             self._flush_batch(writer)
             if self._writer_folds(writer):
                 writer.append((DIGEST, end - 1, time.time(), None, state_summary(state)))
@@ -625,7 +631,7 @@ class EventRecorder:
             self._batch_wall_s = time.time()
         batch.extend(applied)
         self._seq = end = self._seq + len(applied)
-        if type(applied[0][0]) is StepScheduled or len(batch) >= self._batch_events:
+        if closes_batch(applied, len(batch), self._batch_events):
             writer.append((INPUTS, self._batch_seq, self._batch_wall_s, batch))
             self._batch = []
             self._batch_seq = end

@@ -54,8 +54,9 @@ from offload_fsm.log.records import (
     Rejected,
     Snapshot,
 )
-from offload_fsm.log.wire import outcome_check, outcome_wire, wire_check
+from offload_fsm.log.wire import outcome_check, outcome_wire
 from offload_fsm.machine import step
+from offload_fsm.refold import Mismatch, refold
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.config import OffloadConfig, parse_recorded_config
 from offload_fsm.vocabulary.errors import LogCorrupt, StepFailed
@@ -183,6 +184,22 @@ def replay(
         fold.take(entry)
     fold.finish()
     return fold.result
+
+
+def _divergence(mismatch: Mismatch) -> Divergence:
+    """A refold's mismatch as replay reports it."""
+    seq, event, recorded = mismatch.seq, mismatch.event, mismatch.recorded
+    if mismatch.outcome is None:
+        return Divergence(seq=seq, kind="invalid_event", event=event, expected="accepted",
+                          got=str(mismatch.error), detail=str(mismatch.error))
+    if type(recorded) is int:
+        return Divergence(seq=seq, kind="outcome", event=event,
+                          expected=f"check {recorded:#010x}",
+                          got=f"check {outcome_check(mismatch.outcome):#010x}: "
+                              f"{outcome_wire(mismatch.outcome)!r}",
+                          detail="the recorded outcome check differs")
+    return Divergence(seq=seq, kind="outcome", event=event, expected=recorded,
+                      got=outcome_wire(mismatch.outcome), detail="the recorded outcome differs")
 
 
 def _rebuilt(record: Snapshot, config: OffloadConfig, world_size: int) -> State | str:
@@ -343,42 +360,14 @@ class _Fold:
         state = self._live(record.seq)
         if state is None:
             return
-        seq = record.seq
         if self.clock is not None:
             self.clock(record.wall_time_s)
-        step_ = step
-        check_of = outcome_check
-        observer = self.observer
-        divergence = None
-        for event, check in zip(record.events, record.checks, strict=True):
-            try:
-                outcome = step_(state, event)
-            except Exception as error:  # any refusal: StepFailed, MachinePoisoned, ...
-                divergence = Divergence(seq=seq, kind="invalid_event", event=event,
-                                        expected="accepted", got=str(error), detail=str(error))
-                break
-            if type(check) is int:
-                got_check = check_of(outcome)
-                if got_check != check:
-                    divergence = Divergence(
-                        seq=seq, kind="outcome", event=event, expected=f"check {check:#010x}",
-                        got=f"check {got_check:#010x}: {outcome_wire(outcome)!r}",
-                        detail="the recorded outcome check differs",
-                    )
-            elif wire_check(check) != check_of(outcome):  # type: ignore[arg-type]
-                divergence = Divergence(
-                    seq=seq, kind="outcome", event=event, expected=check,
-                    got=outcome_wire(outcome), detail="the recorded outcome differs",
-                )
-            if observer is not None:
-                observer(seq, event, outcome, state)
-            if divergence is not None:
-                break
-            seq += 1
+        seq, mismatch = refold(state, record.seq, zip(record.events, record.checks,
+                                                      strict=True), self.observer)
         self.result.events_applied += seq - record.seq
         self.next_seq = seq
-        if divergence is not None:
-            self.diverge(divergence)
+        if mismatch is not None:
+            self.diverge(_divergence(mismatch))
 
     def on_digest(self, record: Digest | End) -> None:
         if self.state is None or not record.digest:

@@ -46,6 +46,7 @@ import attrs
 
 from offload_fsm.digest import state_digest
 from offload_fsm.log.framing import frame
+from offload_fsm.log.layout import closes_batch, first_digest_seq, next_digest_seq
 from offload_fsm.log.names import file_name
 from offload_fsm.log.records import (
     SCHEMA_VERSION,
@@ -225,7 +226,7 @@ class LogWriter:
         self._file = open(path / file_name(prefix, 0), "xb")  # noqa: SIM115 (closed in close)
         self._created_s = time.time()
         self._digest_every = digest_every
-        self._next_digest = digest_every
+        self._next_digest = first_digest_seq(digest_every)
         self._seq = 0
         self._batch: list[tuple[Event, Outcome]] = []
         self._batch_seq = 0
@@ -256,11 +257,10 @@ class LogWriter:
             return
         self._batch.extend(applied)
         self._seq += len(applied)
-        if type(applied[0][0]) is StepScheduled or len(self._batch) >= 256:
+        if closes_batch(applied, len(self._batch)):
             self._flush()
         if self._seq >= self._next_digest > 0:
-            live = len(state.requests) + len(state.batches)
-            self._next_digest = self._seq + max(self._digest_every, 64 * live)
+            self._next_digest = next_digest_seq(self._seq, self._digest_every, state)
             self._flush()
             self._write(encode_digest(self._seq - 1, self._ms(), state_digest(state)))
 

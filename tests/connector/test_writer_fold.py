@@ -119,9 +119,10 @@ def test_a_fold_that_decides_differently_warns_and_hands_back(
     did (a determinism bug, forced here): a warning names the event, and the
     digests and the next snapshot are taken from the live state, which replay
     then checks as usual."""
+    from offload_fsm import refold
     from offload_fsm.vocabulary.outcome import NO_OUTCOME
 
-    real_step = recording.step
+    real_step = refold.step
     calls = [0]
 
     def step(state: Any, event: Any) -> Any:
@@ -132,7 +133,7 @@ def test_a_fold_that_decides_differently_warns_and_hands_back(
             return NO_OUTCOME
         return outcome
 
-    monkeypatch.setattr(recording, "step", step)
+    monkeypatch.setattr(refold, "step", step)  # the writer's fold (the live run calls machine's)
     recorder = _recorder(tmp_path, digest_every=10, snapshot_every=150)
     with caplog.at_level(logging.WARNING, logger=recording.__name__):
         world = run_workload(requests=80, seed=4, sink=paced(recorder))

@@ -70,6 +70,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "policies": frozenset({"vocabulary", "state", "rules"}),
     "queries": frozenset({"vocabulary", "state", "rules", "policies"}),
     "machine": frozenset({"vocabulary", "state", "rules", "policies", "queries"}),
+    "refold": frozenset({"vocabulary", "state", "log", "machine"}),
 }
 
 

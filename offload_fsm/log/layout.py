@@ -1,0 +1,50 @@
+"""Where records fall in a log: the rules every writer of a log keeps.
+
+The connector's recorder and ``replay whatif``'s writer lay out their logs by
+these rules, so two logs of the same inputs hold their INPUTS records and
+their digests at the same ``seq`` and ``replay diff`` compares them record by
+record.
+
+* **Batches.** Events are numbered in the order they were applied; one INPUTS
+  record carries a batch of them. A batch closes at the end of the callback
+  that observed a ``StepScheduled`` (one scheduler step per record), or once
+  it holds :data:`BATCH_EVENTS` events (:func:`closes_batch`).
+* **Digests.** The first digest is due after ``digest_every`` events; after
+  one at event ``end``, the next is due at least ``digest_every`` events on,
+  and at least :data:`DIGEST_EVENTS_PER_LIVE` events per live request and
+  batch, since a digest walks the whole state: so its cost stays O(1) per
+  event (:func:`next_digest_seq`). ``digest_every`` 0 turns digests off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from offload_fsm.state import State
+from offload_fsm.vocabulary.events import StepScheduled
+
+__all__ = ["BATCH_EVENTS", "DIGEST_EVENTS_PER_LIVE", "closes_batch", "first_digest_seq",
+           "next_digest_seq"]
+
+BATCH_EVENTS: Final[int] = 256
+DIGEST_EVENTS_PER_LIVE: Final[int] = 64
+
+
+def closes_batch(applied: Sequence[tuple[Any, Any]], batch_size: int,
+                 batch_events: int = BATCH_EVENTS) -> bool:
+    """Whether the batch closes after one callback's ``applied`` (event,
+    outcome) pairs were added, leaving it ``batch_size`` events long."""
+    return type(applied[0][0]) is StepScheduled or batch_size >= batch_events
+
+
+def first_digest_seq(digest_every: int) -> int:
+    """The ``seq`` at which the first digest is due; -1: never."""
+    return digest_every if digest_every > 0 else -1
+
+
+def next_digest_seq(end: int, digest_every: int, state: State) -> int:
+    """The next digest's due ``seq``, after one taken when ``end`` events
+    were recorded, of ``state`` as it was then."""
+    live = len(state.requests) + len(state.batches)
+    return end + max(digest_every, DIGEST_EVENTS_PER_LIVE * live)
