@@ -42,11 +42,12 @@ from connector.recording import EventRecorder
 from offload_fsm.log.batch import Deflater, Inflater, encode_batch
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.records import BATCH, HEADER, SNAPSHOT
-from offload_fsm.queries import watches, window_depth
+from offload_fsm.queries import window_depth
 from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import RecordingWorld, default_config
 from offload_fsm.testing.world import FakePool
-from offload_fsm.vocabulary.events import CandidateOffered, StepScheduled
+from offload_fsm.vocabulary.events import Event, StepScheduled
+from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main as replay_main
 from testkit.logedit import rekeyed
 
@@ -55,44 +56,25 @@ VERSIONS = {"package": "bench-longrun", "vllm": "", "lmcache": ""}
 
 @attrs.define(eq=False)
 class DecodeWorld(RecordingWorld):
-    """The fake engine with decode tokens: a step schedules the offered
-    chunks plus one token per decoding request."""
+    """The fake engine with decode tokens. ``World.schedule`` reports a step of
+    the offered chunks' tokens only; this world adds ``decode_tokens`` (one per
+    decoding request, set before each step) to the step it reports, and reads
+    the free-queue window at the depth the whole step's tokens give."""
 
-    def step_with_decode(self, advance: list[str], decode_tokens: int,
-                         next_step_blocks: int) -> int:
-        self.time_s += 0.01
-        self.step_metadata = []
-        allocated: list[int] = []
-        offers = []
-        for req_id in advance:
-            req = self.active[req_id]
-            blocks = self.pool.allocate(self.chunk_blocks)
-            if blocks is None:
-                continue
-            start = req.tokens
-            hashes = tuple(self.pool.fill(b) for b in blocks)
-            req.blocks.extend(blocks)
-            req.tokens += self.chunk_blocks * self.block_tokens
-            allocated.extend(blocks)
-            offers.append(CandidateOffered(req_id=req_id, start_token=start,
-                                           end_token=req.tokens, block_ids=tuple(blocks),
-                                           block_hashes=hashes, time_s=self.time_s,
-                                           blocks_per_chunk=1))
-        for offer in offers:
-            self.feed(offer)
-        tokens = len(offers) * self.chunk_blocks * self.block_tokens + decode_tokens
-        depth = window_depth(self.state, scheduled_tokens=tokens,
-                             allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
-        window = self.pool.window(min(depth, len(self.pool.free)))
-        reallocated = tuple((b, self.pool.hashes[b]) for b in allocated
-                            if watches(self.state, b))
-        self.feed(StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
-                                next_step_blocks=next_step_blocks, reserve_blocks=len(offers),
-                                free_blocks=len(self.pool.free),
-                                window_block_ids=window if tokens else (),
-                                reallocated=reallocated if tokens else (),
-                                time_s=self.time_s))
-        return tokens
+    decode_tokens: int = 0
+
+    def feed(self, event: Event) -> list[tuple[Event, Outcome]]:
+        if isinstance(event, StepScheduled) and self.decode_tokens:
+            # A step without offers allocated nothing, so its empty ``reallocated``
+            # stands; only the token count and the window change.
+            tokens = event.scheduled_tokens + self.decode_tokens
+            depth = window_depth(self.state, scheduled_tokens=tokens,
+                                 allocated_blocks=event.allocated_blocks,
+                                 next_step_blocks=event.next_step_blocks)
+            event = attrs.evolve(event, scheduled_tokens=tokens,
+                                 window_block_ids=self.pool.window(
+                                     min(depth, len(self.pool.free))))
+        return super().feed(event)
 
 
 def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
@@ -123,7 +105,8 @@ def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
             if count and count % 64 == 0:
                 advance.append(req_id)
         before = len(world.submissions)
-        world.step_with_decode(advance, len(decode), next_step_blocks=len(advance) * 2)
+        world.decode_tokens = len(decode)
+        world.schedule(advance, next_step_blocks=len(advance) * 2)
         for store in world.submissions[before:]:
             receipts_due.setdefault(step + rng.randint(1, 3), []).append(store.req_id)
         for req_id in advance[:4]:

@@ -1,7 +1,7 @@
 """What recording costs: ``EventRecorder.record`` on the scheduler thread and
 the writer thread's CPU, side by side with another revision (not a timed test).
 
-    .venv/bin/python -m bench.bench_record [--steps 20000] [--against aac7820]
+    .venv/bin/python -m bench.bench_record [--steps 20000] [--against REV]
 
 Drives ``bench.bench_longrun``'s decode-heavy mix over the fake engine for
 ``--steps`` steps; every callback goes through ``EventRecorder.record``,
@@ -9,12 +9,11 @@ timed with ``perf_counter_ns`` (the timing wrapper's own ~0.1 us per call is
 in the numbers, on both sides). Prints record()'s cost per event (a call's
 time over its events): median, p90, p99 and mean (the mean carries the
 digests and snapshots, which the scheduler thread computes), the snapshots'
-cost and the slowest call (since the writer's fold, the scheduler thread takes a
-snapshot only when the fold lost events); the writer
-thread's CPU (the process's CPU time less this thread's) per event and per
-step; and bytes per step. With ``--against REV`` the same runs on ``git
-archive REV`` (e.g. the last schema 3 commit) in a subprocess, and both
-print side by side.
+cost and the slowest call (the scheduler thread takes a snapshot only when
+the writer's fold lost events); the writer thread's CPU (the process's CPU
+time less this thread's) per event and per step; and bytes per step. With
+``--against REV`` the same runs on ``git archive REV`` (e.g. a revision
+writing an older schema) in a subprocess, and both print side by side.
 """
 
 from __future__ import annotations

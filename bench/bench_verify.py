@@ -1,7 +1,7 @@
 """``replay verify`` on one core, this tree beside another revision (not a timed test).
 
-    PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against 6941194 [--pairs 40]
-    PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against aac7820 --against-log OLD
+    PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against REV [--pairs 40]
+    PYTHONPATH=. .venv/bin/python -m bench.bench_verify LOG --against REV --against-log OLD
 
 ``--against-log``: the other revision verifies that log instead, its own
 recording of the same trace (a revision older than the log's schema cannot
@@ -17,7 +17,7 @@ Prints, per tree, the best, the quartiles and the median in ms and steps/s,
 and for this tree the pairs it won and the median of its per-pair ratio.
 
 A log to use: the ``ours EA`` arm of ``bench.simulate --scale issue12
---configs 0`` (its ``event_log_dir`` is printed first), the issue-11 trace;
+--configs 0`` (its ``event_log_dir`` is printed first);
 the same command run in ``git archive REV`` gives that revision's log.
 """
 

@@ -1,4 +1,4 @@
-"""Why does *our* EA still lose buffered ops? Event-level evidence from one arm.
+"""Why does *our* EA lose buffered ops? Event-level evidence from one arm.
 
 Runs ``ours EA`` on one simulator config and, for every request that finished with
 ops still buffered, records what the core saw at ``RequestFinished``: the free-queue
@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from bench.sim.engine import ArmSpec, Sim, SimParams
+from bench.sim.arms import ArmSpec, SimParams
+from bench.sim.loop import Sim
 from bench.sim.workload import generate, make_params
 from bench.simulate import SCALES
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {preset}/{label} blocks={blocks}: recall {res.recalled}/{res.needed}, "
           f"losses by mechanism {res.losses}")
     why: Counter[str] = Counter()
-    for (rid, _start), mech in sim.lost.items():
+    for (rid, _start), mech in sim.losses.lost.items():
         if mech != "blind_window":
             continue
         n_ops, free, depth, reserve = at_finish.get(rid, (0, -1, -1, -1))

@@ -47,9 +47,7 @@ the allocation that crossed the young generation's threshold. The thread
 says who paid. The package is only where allocating happened at that
 moment, not who made the collection due: CPython counts allocations minus
 frees of GC objects, so an object freed soon after it is made adds nothing,
-and what brings collections on is objects kept (taking the core's busiest
-allocator out of ``blockindex`` left the core's 14 collections over a
-replayed log at 14, bench/README.md, stop 23).
+and what brings collections on is objects kept.
 
 And the mean over every step, which compares arms whose steps rank differently.
 
@@ -166,7 +164,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     from lmcache.integration.vllm import lmcache_mp_connector as stock
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
-    from bench.sim import engine
+    from bench.sim import loop
     from connector import blocks, manager, metrics, recording
     from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
 
@@ -201,7 +199,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     _time_collections()
     steps: dict[str, list[tuple[float, dict[str, float], int]]] = {}
     pauses: dict[str, list[tuple[int, float, str, str]]] = {}
-    one_step = engine.Sim._one_step
+    one_step = loop.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
         if "_profile_run" not in self.__dict__:
@@ -219,7 +217,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
             steps.setdefault(self.arm.name, []).append(
                 (self.res.conn_ms[-1], dict(_PHASES), self.res.backlog[-1]))
 
-    engine.Sim._one_step = filed  # type: ignore[method-assign]
+    loop.Sim._one_step = filed  # type: ignore[method-assign]
     return steps, pauses
 
 
@@ -262,13 +260,13 @@ def _report(title: str, steps: list[tuple[float, dict[str, float], int]]) -> Non
     conn = sum(ms for ms, _, _ in steps) / len(steps)
     print(f"{title}: {len(steps)} steps, connector {conn:.3f} ms a step (mean); by phase:")
     if len(steps) > 1000:  # the whole run: what its collections add to the percentiles
-        from bench.sim.engine import _pctl  # the tables' percentile
+        from bench.sim.results import percentile  # the tables' percentile
 
         with_gc = [ms for ms, _, _ in steps]
         without = [ms - phases.get("gc in the connector", 0.0) * 1e3 for ms, phases, _ in steps]
-        print(f"  connector p50 / p99 ms: {_pctl(with_gc, 0.5):.3f} / "
-              f"{_pctl(with_gc, 0.99):.3f}; less the collections inside it: "
-              f"{_pctl(without, 0.5):.3f} / {_pctl(without, 0.99):.3f}")
+        print(f"  connector p50 / p99 ms: {percentile(with_gc, 0.5):.3f} / "
+              f"{percentile(with_gc, 0.99):.3f}; less the collections inside it: "
+              f"{percentile(without, 0.5):.3f} / {percentile(without, 0.99):.3f}")
     for phase, ms in sorted(mean.items(), key=lambda kv: -kv[1]):
         print(f"  {phase:<24} {ms:8.3f} ms")
 
@@ -297,7 +295,7 @@ def _report_collections(pauses: dict[str, list[tuple[int, float, str, str]]]) ->
 
 def _report_same_step(by_arm: dict[str, list[tuple[float, dict[str, float], int]]]) -> None:
     """Each arm against the first, step by step (module docstring)."""
-    from bench.sim.engine import _pctl
+    from bench.sim.results import percentile
 
     names = list(by_arm)
     if len(names) < 2:
@@ -310,15 +308,16 @@ def _report_same_step(by_arm: dict[str, list[tuple[float, dict[str, float], int]
             print(f"{name}: {len(steps)} steps against {len(base)}, not step for step")
             continue
         extra = [ms - base_ms for (ms, _, _), (base_ms, _, _) in zip(steps, base, strict=True)]
-        print(f"### {name}: extra per step p50 {_pctl(extra, 0.5):.3f}, p99 "
-              f"{_pctl(extra, 0.99):.3f}; medians {_pctl([s[0] for s in base], 0.5):.3f} -> "
-              f"{_pctl([s[0] for s in steps], 0.5):.3f}")
+        print(f"### {name}: extra per step p50 {percentile(extra, 0.5):.3f}, p99 "
+              f"{percentile(extra, 0.99):.3f}; medians "
+              f"{percentile([s[0] for s in base], 0.5):.3f} -> "
+              f"{percentile([s[0] for s in steps], 0.5):.3f}")
         phases = sorted({phase for _, ph, _ in steps + base for phase in ph})
         rows = []
         for phase in phases:
             diff = [ph.get(phase, 0.0) * 1e3 - base_ph.get(phase, 0.0) * 1e3
                     for (_, ph, _), (_, base_ph, _) in zip(steps, base, strict=True)]
-            rows.append((sum(diff) / len(diff), _pctl(diff, 0.5), phase))
+            rows.append((sum(diff) / len(diff), percentile(diff, 0.5), phase))
         print("  phase                    mean extra  median extra")
         for mean, median, phase in sorted(rows, reverse=True):
             if abs(mean) >= 0.001 or abs(median) >= 0.001:

@@ -17,40 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 
-from bench.sim.engine import ArmResult, ArmSpec, SimParams, _pctl, run_arm
+from bench.sim.arms import SimParams, standard_arms
+from bench.sim.loop import run_arm
+from bench.sim.results import (
+    HEAD,
+    VHEAD,
+    ArmResult,
+    bucket_table,
+    loss_table,
+    rounds_table,
+    row,
+    table,
+    versus_row,
+)
 from bench.sim.workload import generate, make_params, summarize
-
-LAZY = ("lmcache.mp.lazy_offload", True)
-
-
-def arms(log_dir: str) -> list[ArmSpec]:
-    ea = ("lmcache.mp.lazy_offload_policy", "EVICTION_AWARE")
-    fifo = ("lmcache.mp.lazy_offload_policy", "FIFO")
-    log = ("lmcache.mp.lazy_offload_log_dir", log_dir)
-    return [
-        ArmSpec("none", "none"),
-        ArmSpec("stock eager", "stock", (("lmcache.mp.lazy_offload", False),)),
-        ArmSpec("stock EA", "stock", (LAZY, ea)),
-        ArmSpec("stock FIFO 100/10", "stock", (LAZY, fifo,
-                                               ("lmcache.mp.lazy_offload_threshold", 100),
-                                               ("lmcache.mp.lazy_offload_select_count", 10))),
-        ArmSpec("stock FIFO 20/10", "stock", (LAZY, fifo,
-                                              ("lmcache.mp.lazy_offload_threshold", 20),
-                                              ("lmcache.mp.lazy_offload_select_count", 10))),
-        ArmSpec("ours EA", "ours", (LAZY, ea, log)),
-        ArmSpec("ours EA (log off)", "ours", (LAZY, ea, ("lmcache.mp.lazy_offload_log_dir", ""))),
-        ArmSpec("ours EA (a read a round)", "ours",
-                (LAZY, ea, log, ("lmcache.mp.lazy_offload_cascade_lookahead_blocks", 0))),
-        ArmSpec("ours FIFO 20/10", "ours", (LAZY, fifo, log,
-                                            ("lmcache.mp.lazy_offload_threshold", 20),
-                                            ("lmcache.mp.lazy_offload_select_count", 10))),
-    ]
-
 
 # (workload preset, session scale, arrival window steps, pool label, num_gpu_blocks, max_num_seqs
 #  [, max_num_batched_tokens, default 2048])
@@ -90,110 +74,6 @@ SCALES = {
 SWEEP_FACTORS = (0.25, 0.375, 0.5, 1.0)
 
 
-def fmt(x: float, nd: int = 3) -> str:
-    return "-" if x != x else f"{x:.{nd}f}"
-
-
-def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
-    led = r.ledger
-    dropped = {k[8:]: v for k, v in led.items() if k.startswith("dropped_") and v}
-    recall = r.recalled / r.needed if r.needed else float("nan")
-    precision = r.useful_written_keys / r.written_keys if r.written_keys else float("nan")
-    wr = (r.chunk_writes / eager.chunk_writes) if eager and eager.chunk_writes else float("nan")
-    tok = [c for c, b in zip(r.conn_ms, r.backlog, strict=True)]
-    return [
-        r.arm,
-        fmt(_pctl(r.sched_ms, 0.5), 2), fmt(_pctl(r.sched_ms, 0.99), 2),
-        fmt(_pctl(tok, 0.5), 3), fmt(_pctl(tok, 0.99), 3),
-        fmt(_pctl(tok, 0.999), 3), fmt(max(tok, default=float("nan")), 3),
-        str(r.preemptions),
-        str(led.get("admitted", "-")), str(led.get("submitted", "-")),
-        str(sum(dropped.values())) if led else "-",
-        " ".join(f"{k}:{v}" for k, v in sorted(dropped.items())) or "-",
-        str(led.get("pending", "-")),
-        str(r.chunk_writes), str(r.written_keys), fmt(wr, 2),
-        f"{r.recalled}/{r.needed}", fmt(recall), fmt(precision),
-        str(r.max_backlog), str(r.steps),
-        "/".join(map(str, r.gc_collections)) + f" ({r.gc_pause_ms:.0f})",
-    ]
-
-
-HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "conn p99.9 ms",
-        "conn max ms", "preempt",
-        "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
-        "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
-        "max backlog", "steps", "gc collections 0/1/2 (ms)"]
-
-
-VHEAD = ["arm", "recall", "chunk writes", "writes/eager writes", "writes/eager distinct",
-         "conn p50 / eager", "conn p99 / eager", "preempt", "preempt none"]
-
-
-def versus_row(r: ArmResult, eager: ArmResult | None, none: ArmResult | None) -> list[str]:
-    """Recall and writes next to eager's: writes ÷ eager's chunk writes and ÷ eager's
-    distinct chunks (the chunks eager stored at least once), connector p50/p99 ÷ eager's."""
-    recall = r.recalled / r.needed if r.needed else float("nan")
-    nan = float("nan")
-
-    def ratio(x: float, y: float) -> float:
-        return x / y if y and y == y and x == x else nan
-
-    we = ratio(r.chunk_writes, eager.chunk_writes) if eager else nan
-    wd = ratio(r.chunk_writes, eager.written_keys) if eager else nan
-    p50 = ratio(_pctl(r.conn_ms, 0.5), _pctl(eager.conn_ms, 0.5)) if eager else nan
-    p99 = ratio(_pctl(r.conn_ms, 0.99), _pctl(eager.conn_ms, 0.99)) if eager else nan
-    return [r.arm, f"{fmt(recall)} ({r.recalled}/{r.needed})", str(r.chunk_writes),
-            fmt(we, 2), fmt(wd, 2), fmt(p50, 2), fmt(p99, 2), str(r.preemptions),
-            str(none.preemptions) if none else "-"]
-
-
-def table(rows: list[list[str]], head: list[str]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def rounds_table(rounds: list[list[ArmResult]]) -> str:
-    """Each arm's connector p50 / p99 in every round, over eager's of that round,
-    and the medians of those ratios."""
-    head = ["arm"] + [f"round {i + 1}: p50 / p99 (x eager)" for i in range(len(rounds))]
-    head += ["median p50 / eager", "median p99 / eager"]
-    rows = []
-    for column, first in enumerate(rounds[0]):
-        cells, p50s, p99s = [], [], []
-        for results in rounds:
-            r = results[column]
-            eager = next((e for e in results if e.arm == "stock eager"), None)
-            p50, p99 = _pctl(r.conn_ms, 0.5), _pctl(r.conn_ms, 0.99)
-            if eager is None or not _pctl(eager.conn_ms, 0.5):
-                cells.append(f"{fmt(p50)} / {fmt(p99)}")
-                continue
-            p50s.append(p50 / _pctl(eager.conn_ms, 0.5))
-            p99s.append(p99 / _pctl(eager.conn_ms, 0.99))
-            cells.append(f"{fmt(p50)} / {fmt(p99)} ({fmt(p50s[-1], 2)} / {fmt(p99s[-1], 2)})")
-        rows.append([first.arm, *cells,
-                     fmt(statistics.median(p50s), 2) if p50s else "-",
-                     fmt(statistics.median(p99s), 2) if p99s else "-"])
-    return table(rows, head)
-
-
-def bucket_table(results: list[ArmResult]) -> str:
-    head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99",
-            "1000+: n / p50 / p99"]
-    rows = []
-    for r in results:
-        b = r.conn_by_bucket()
-        rows.append([r.arm] + [f"{n} / {fmt(p50)} / {fmt(p99)}" for n, p50, p99 in b.values()])
-    return table(rows, head)
-
-
-def loss_table(results: list[ArmResult]) -> str:
-    mechs = sorted({m for r in results for m in r.losses})
-    head = ["arm"] + mechs
-    rows = [[r.arm] + [str(r.losses.get(m, 0)) for m in mechs] for r in results if r.ledger]
-    return table(rows, head)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--scale", choices=sorted(SCALES), default="small")
@@ -219,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated pool multipliers (default {SWEEP_FACTORS})")
     a = ap.parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
-    all_arms = arms(log_dir)
+    all_arms = standard_arms(log_dir)
     if a.arms:
         keep = {x.strip() for x in a.arms.split(",")}
         all_arms = [x for x in all_arms if x.name in keep]

@@ -13,7 +13,8 @@ Chunk keys: the vLLM prefix-cache hash of the chunk's last block
 token prefix up to the chunk's end; the ground-truth tracker uses the same keys.
 
 It is installed by replacing the adapter class name in LMCache's connector module
-before the scheduler (and so the connector) is constructed; see ``engine.py``.
+before the scheduler (and so the connector) is constructed; see
+``bench.sim.arms.build_engine``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class SimLMCache:
         self.blocks_per_chunk = CHUNK_TOKENS // block_size
         self.world_size = world_size
         self.stored: set[bytes] = set()
-        self.requests: dict[str, Any] = {}  # request id -> vllm Request (set by the engine)
+        self.requests: dict[str, Any] = {}  # request id -> vllm Request (set by the loop)
         self.lookups = 0
         self.hit_tokens = 0
         self.sessions_ended = 0

@@ -21,7 +21,8 @@ from testkit.env import require_stack
 
 require_stack()  # skips without vLLM and LMCache; fails under CI=true
 
-from bench.sim.engine import ArmSpec, Sim, SimParams  # noqa: E402
+from bench.sim.arms import ArmSpec, SimParams  # noqa: E402
+from bench.sim.loop import Sim  # noqa: E402
 from bench.sim.workload import WorkloadParams, generate  # noqa: E402
 
 WORKLOAD = WorkloadParams(name="ranks", seed=3, n_chat=10, n_agent=0, n_burst=0,
@@ -51,7 +52,7 @@ def test_two_ranks_one_late_one_failing(policy: str, tmp_path: Path) -> None:
     state = mgr.state
     counters = {str(k): v for k, v in state.counters.items() if v}
     # The sim's own books: every store got both receipts, none is outstanding.
-    assert not sim.due_receipts and not sim._rank_reports, counters
+    assert not sim.workers.due_receipts and not sim.workers.rank_reports, counters
     assert not has_in_flight(state), counters
     assert state.counters[Counter.SUBMITTED_OPS] > 0, counters
     assert state.counters[Counter.FAILED_OPS] > 0, counters  # rank 1 failed some
@@ -62,7 +63,7 @@ def test_two_ranks_one_late_one_failing(policy: str, tmp_path: Path) -> None:
     assert check_all(state) == [], counters
     assert state.counters[Counter.PROTECTED_BLOCKS] == state.counters[Counter.RELEASED_BLOCKS]
     assert not state.pins
-    assert sim.stale_submits == [] and sim.stale_completions == []
+    assert sim.workers.stale_submits == [] and sim.workers.stale_completions == []
     # Failed stores never reached the (simulated) server; stored ones did.
-    assert sim.written, "nothing stored"
+    assert sim.truth.written, "nothing stored"
     sim._collect()  # closes the event log

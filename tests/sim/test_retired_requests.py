@@ -12,7 +12,8 @@ from testkit.env import require_stack
 
 require_stack()  # skips without vLLM and LMCache; fails under CI=true
 
-from bench.sim.engine import ArmSpec, Sim, SimParams  # noqa: E402
+from bench.sim.arms import ArmSpec, SimParams  # noqa: E402
+from bench.sim.loop import Sim  # noqa: E402
 from bench.sim.workload import WorkloadParams, generate  # noqa: E402
 
 

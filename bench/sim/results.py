@@ -1,0 +1,168 @@
+"""One arm's results, and the Markdown tables ``bench.simulate`` prints from them.
+
+Contract: :class:`ArmResult` is what one run of one arm measured: per step, the
+scheduler's and the connector's milliseconds (instrumentation subtracted) and
+the backlog at the step's start; over the run, the decisions' counts (ledger,
+writes, preemptions, losses by mechanism), the ground truth's recall and the
+cyclic GC's collections. The simulator fills it as it runs; nothing here
+changes it. :func:`percentile` is the one percentile every table (and
+``bench.profile_steps``) uses: the nearest rank, ``nan`` for no samples. The
+table functions turn a config's results into rows; every ratio is against the
+``stock eager`` arm (and preemptions against ``none``) of the same config.
+Metric definitions: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``xs`` (``nan`` when empty)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    steps: int = 0
+    token_steps: int = 0
+    sched_ms: list[float] = field(default_factory=list)
+    conn_ms: list[float] = field(default_factory=list)
+    backlog: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    chunk_writes: int = 0
+    store_batches: int = 0
+    finished_requests: int = 0
+    lmcache_hit_tokens: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    needed: int = 0
+    recalled: int = 0
+    written_keys: int = 0
+    useful_written_keys: int = 0
+    ledger: dict[str, int] = field(default_factory=dict)
+    losses: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    max_backlog: int = 0
+    max_running: int = 0
+    unfinished_sessions: int = 0
+    # the cyclic GC's collections while serving (any thread), by generation, and their pauses
+    gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    gc_pause_ms: float = 0.0
+
+    def conn_by_bucket(self) -> dict[str, tuple[int, float, float]]:
+        out: dict[str, list[float]] = {"0-99": [], "100-999": [], "1000+": []}
+        for b, c in zip(self.backlog, self.conn_ms, strict=True):
+            out["0-99" if b < 100 else "100-999" if b < 1000 else "1000+"].append(c)
+        return {k: (len(v), percentile(v, 0.5), percentile(v, 0.99)) for k, v in out.items()}
+
+
+def fmt(x: float, nd: int = 3) -> str:
+    return "-" if x != x else f"{x:.{nd}f}"
+
+
+HEAD = ["arm", "step p50 ms", "step p99 ms", "conn p50 ms", "conn p99 ms", "conn p99.9 ms",
+        "conn max ms", "preempt",
+        "ops admitted", "ops submitted", "ops dropped", "dropped by cause", "pending@end",
+        "chunk writes", "distinct chunks", "writes/eager", "recalled/needed", "recall", "precision",
+        "max backlog", "steps", "gc collections 0/1/2 (ms)"]
+
+
+def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
+    """The main table's row of ``r`` (columns: :data:`HEAD`)."""
+    led = r.ledger
+    dropped = {k[8:]: v for k, v in led.items() if k.startswith("dropped_") and v}
+    recall = r.recalled / r.needed if r.needed else float("nan")
+    precision = r.useful_written_keys / r.written_keys if r.written_keys else float("nan")
+    wr = (r.chunk_writes / eager.chunk_writes) if eager and eager.chunk_writes else float("nan")
+    tok = [c for c, b in zip(r.conn_ms, r.backlog, strict=True)]
+    return [
+        r.arm,
+        fmt(percentile(r.sched_ms, 0.5), 2), fmt(percentile(r.sched_ms, 0.99), 2),
+        fmt(percentile(tok, 0.5), 3), fmt(percentile(tok, 0.99), 3),
+        fmt(percentile(tok, 0.999), 3), fmt(max(tok, default=float("nan")), 3),
+        str(r.preemptions),
+        str(led.get("admitted", "-")), str(led.get("submitted", "-")),
+        str(sum(dropped.values())) if led else "-",
+        " ".join(f"{k}:{v}" for k, v in sorted(dropped.items())) or "-",
+        str(led.get("pending", "-")),
+        str(r.chunk_writes), str(r.written_keys), fmt(wr, 2),
+        f"{r.recalled}/{r.needed}", fmt(recall), fmt(precision),
+        str(r.max_backlog), str(r.steps),
+        "/".join(map(str, r.gc_collections)) + f" ({r.gc_pause_ms:.0f})",
+    ]
+
+
+VHEAD = ["arm", "recall", "chunk writes", "writes/eager writes", "writes/eager distinct",
+         "conn p50 / eager", "conn p99 / eager", "preempt", "preempt none"]
+
+
+def versus_row(r: ArmResult, eager: ArmResult | None, none: ArmResult | None) -> list[str]:
+    """Recall and writes next to eager's: writes ÷ eager's chunk writes and ÷ eager's
+    distinct chunks (the chunks eager stored at least once), connector p50/p99 ÷ eager's."""
+    recall = r.recalled / r.needed if r.needed else float("nan")
+    nan = float("nan")
+
+    def ratio(x: float, y: float) -> float:
+        return x / y if y and y == y and x == x else nan
+
+    we = ratio(r.chunk_writes, eager.chunk_writes) if eager else nan
+    wd = ratio(r.chunk_writes, eager.written_keys) if eager else nan
+    p50 = ratio(percentile(r.conn_ms, 0.5), percentile(eager.conn_ms, 0.5)) if eager else nan
+    p99 = ratio(percentile(r.conn_ms, 0.99), percentile(eager.conn_ms, 0.99)) if eager else nan
+    return [r.arm, f"{fmt(recall)} ({r.recalled}/{r.needed})", str(r.chunk_writes),
+            fmt(we, 2), fmt(wd, 2), fmt(p50, 2), fmt(p99, 2), str(r.preemptions),
+            str(none.preemptions) if none else "-"]
+
+
+def table(rows: list[list[str]], head: list[str]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def rounds_table(rounds: list[list[ArmResult]]) -> str:
+    """Each arm's connector p50 / p99 in every round, over eager's of that round,
+    and the medians of those ratios."""
+    head = ["arm"] + [f"round {i + 1}: p50 / p99 (x eager)" for i in range(len(rounds))]
+    head += ["median p50 / eager", "median p99 / eager"]
+    rows = []
+    for column, first in enumerate(rounds[0]):
+        cells, p50s, p99s = [], [], []
+        for results in rounds:
+            r = results[column]
+            eager = next((e for e in results if e.arm == "stock eager"), None)
+            p50, p99 = percentile(r.conn_ms, 0.5), percentile(r.conn_ms, 0.99)
+            if eager is None or not percentile(eager.conn_ms, 0.5):
+                cells.append(f"{fmt(p50)} / {fmt(p99)}")
+                continue
+            p50s.append(p50 / percentile(eager.conn_ms, 0.5))
+            p99s.append(p99 / percentile(eager.conn_ms, 0.99))
+            cells.append(f"{fmt(p50)} / {fmt(p99)} ({fmt(p50s[-1], 2)} / {fmt(p99s[-1], 2)})")
+        rows.append([first.arm, *cells,
+                     fmt(statistics.median(p50s), 2) if p50s else "-",
+                     fmt(statistics.median(p99s), 2) if p99s else "-"])
+    return table(rows, head)
+
+
+def bucket_table(results: list[ArmResult]) -> str:
+    head = ["arm", "backlog 0-99: n / p50 / p99 ms", "100-999: n / p50 / p99",
+            "1000+: n / p50 / p99"]
+    rows = []
+    for r in results:
+        b = r.conn_by_bucket()
+        rows.append([r.arm] + [f"{n} / {fmt(p50)} / {fmt(p99)}" for n, p50, p99 in b.values()])
+    return table(rows, head)
+
+
+def loss_table(results: list[ArmResult]) -> str:
+    mechs = sorted({m for r in results for m in r.losses})
+    head = ["arm"] + mechs
+    rows = [[r.arm] + [str(r.losses.get(m, 0)) for m in mechs] for r in results if r.ledger]
+    return table(rows, head)
