@@ -48,8 +48,8 @@ Contract towards the caller (the vLLM scheduler thread)
   CPython's switch interval (5 ms) for the holder to let it go. So the writer
   gives it away after every ``_SLICE_S`` of work by sleeping ``_HANDOFF_S``
   (``time.sleep(0)`` does not hand it over: the writer takes it back before
-  the waiter wakes, measured in stop 15; a sleep longer than a thread's
-  wake-up does), and it stands back while the producer is busy
+  the waiter wakes; a sleep longer than a thread's wake-up does), and it
+  stands back while the producer is busy
   (``producer_calls`` > 0: the connector, inside a call from vLLM's
   scheduler), looking again every ``_HANDOFF_S``, for at most
   ``_STAND_BACK_S`` at a time and only while its queue is under half full,
@@ -178,8 +178,7 @@ class EventLogWriter:
         self._batch: list[bytes] = []  # writer thread: encoded payloads not yet written
         # Their items' events (``_GAP_WEIGHT``: a gap record), for the loss
         # accounting. Not the items: a flush interval's worth of events kept
-        # alive here is what made the cyclic GC's young collections come due
-        # (bench/README.md, "Stop 25").
+        # alive here would make the cyclic GC's young collections come due.
         self._batch_weights: list[int] = []
         self._batch_bytes = 0
         self._pack_s = 0.0  # writer thread time in pack (compression)

@@ -275,7 +275,7 @@ class EventSourcedManager:
             self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
         finally:  # whatever went wrong above, the log gets its END
             if self._recorder is not None:
-                # A poisoned state's digest means nothing to replay.
+                # A closed state's digest means nothing to replay.
                 self._recorder.close(self.state if self._drain is None else None)
 
     def _log_left(self) -> None:

@@ -47,13 +47,13 @@ batch boundary, this thread also takes a snapshot that starts a new
 *segment* within the file, and before each snapshot (and the END) queues an
 INDEX item, which the writer thread turns into the ending segment's index
 (its steps, request ids and, schema 5, the key of the bodies it wrote:
-``logformat.Index.key``) for ``replay explain``'s seeking and ``replay
+``log.records.Index.key``) for ``replay explain``'s seeking and ``replay
 diff``'s skipping. The writer thread encodes events in compact forms (window
 deltas, hash references, block-id runs) and deflates each flush's records
 into one BATCH record at ``compress_level`` (0: plain, one frame per
 record); a file's snapshots after its first carry the stored keys as a
-delta, and every snapshot's ops are in compact forms (``logsnapshot``). Cost of all this, on
-both threads: ``bench/bench_record.py``.
+delta, and every snapshot's ops are in compact forms (``log.snapshot_pack``).
+Cost of all this, on both threads: ``bench/bench_record.py``.
 After an I/O failure (a full disk) the writer drops and counts events and
 probes for room once per ``retry_interval_s``; when writes succeed again it
 raises ``rotation_due`` as well, and the resumed file holds header, a GAP
@@ -240,7 +240,7 @@ class _Encoder:
         self._compress_level = compress_level
         self._segment_seq = 0
         self._segment_step = 0
-        self._segment_key: int | None = 0  # see logformat.Index.key
+        self._segment_key: int | None = 0  # see log.records.Index.key
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
         # The writer's fold (module docstring): the state after event
@@ -320,7 +320,7 @@ class _Encoder:
         elif kind == REJECTED:
             _, seq, wall_s, event, reason = item
             self._item_seq = seq
-            self._lose_fold("")  # the live state is poisoned: nothing more to digest
+            self._lose_fold("")  # the live state is closed: nothing more to digest
             self._segment_key = None
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
@@ -486,7 +486,7 @@ class EventRecorder:
         self._batch_events = batch_events
         self._digest_every = digest_every
         self._next_digest = first_digest_seq(digest_every)
-        self._rejected = False  # a rejection poisoned the state: no more digests
+        self._rejected = False  # a rejection closed the state: no more digests
         self._snapshot_every = snapshot_every
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
@@ -610,7 +610,7 @@ class EventRecorder:
     ) -> None:
         """Record a callback whose ``drive`` failed: ``applied`` (what applied
         before the failure, ``StepFailed.applied``), then ``event`` rejected
-        with ``reason``. ``state`` (poisoned) is taken for symmetry with
+        with ``reason``. ``state`` (closed) is taken for symmetry with
         :meth:`record` and not digested (see the module docstring)."""
         writer = self._writer
         if writer is None:

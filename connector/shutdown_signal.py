@@ -23,8 +23,8 @@ block it may get a process-directed signal) is never heard by an idle
 engine: CPython runs Python handlers only on the main thread, when it next
 runs bytecode, and vLLM's idle main thread waits on its input queue with no
 timeout. The engine then lives until the manager kills it, and the log is
-never sealed (reproduced with no connector at all, bench/README.md, stop 26;
-with ours: ``tests/e2e/test_shutdown_signal.py``). So :func:`install` also asks CPython to write
+never sealed (it happens with no connector at all; with ours:
+``tests/e2e/test_shutdown_signal.py``). So :func:`install` also asks CPython to write
 each signal's number to a socket (``signal.set_wakeup_fd``, which its C
 handler does on whatever thread the signal lands) and starts one daemon
 thread, ``lazy-offload-signal``, that reads it: a SIGTERM/SIGINT after which

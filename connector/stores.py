@@ -14,10 +14,9 @@ Token lists. LMCache's metadata carries a fresh copy of the request's whole
 token list (``LMCacheMPRequestTracker.get_token_ids``), made on every offer.
 Eager LMCache sends it at once and lets it go; a buffered op would keep it
 for hundreds of steps, and until a second-generation collection promotes
-it, every young collection of the cyclic GC visits each of its items. On
-the roomy agentic trace the young generations held 2.0-2.5 M list items at
-such a collection with the copies kept, 1.7-1.8 M without (the rest is
-vLLM's own requests' token lists; bench/README.md, "Stop 22"). So when the
+it, every young collection of the cyclic GC visits each of its items: with
+hundreds of buffered ops that is millions of items a collection, beside
+vLLM's own requests' token lists. So when the
 caller passes the request's live token list (vLLM's
 ``Request.all_token_ids``: append-only, and alive with the request anyway),
 only it and the copy's length are kept, and the STORE's token list is

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from offload_fsm.policies.registry import hooks_for
-from offload_fsm.state import BatchStatus, BlockHash, State
+from offload_fsm.state import BatchStatus, State
+from offload_fsm.vocabulary.events import BlockHash
 
 
 def window_depth(

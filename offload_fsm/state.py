@@ -20,8 +20,7 @@ import attrs
 
 from offload_fsm.vocabulary.config import OffloadConfig
 from offload_fsm.vocabulary.counters import Counter, new_counters
-
-BlockHash = int | None
+from offload_fsm.vocabulary.events import BlockHash
 
 STORED_KEYS_MAX: Final = 1 << 18  # bound of the stored-content memory (EA dedup)
 

@@ -1,8 +1,5 @@
 """The whole machine state as plain data, and back: what a SNAPSHOT log
-record carries so that every log file replays alone.
-
-Pure module: standard library, ``attrs`` and ``msgpack``-friendly values
-only; no clock, no I/O.
+record carries so that every log file replays alone. Pure: no clock, no I/O.
 
 Primitives:
   to_wire(state)           a tuple of ints, floats, strings, None and tuples
@@ -40,8 +37,7 @@ takes it; nor are ``state.DERIVED``, which ``from_wire`` rebuilds.
 
 Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
 ``names`` is ``((class name, (field, ...)), ...)`` and each table is a
-tuple of positional records.
-
+tuple of positional records. A renamed field is mapped (``_RENAMED``).
 ``State.owners`` has a codec of its own (format 2, ``log.snapshot_tables``):
 four flat tuples of ints instead of tuples per block. Format 1 snapshots decode.
 """
@@ -320,7 +316,6 @@ _TOP: Final[tuple[type[Any], ...]] = (State, *_SHARED)
 for _cls in (*_TOP, *_INLINE):
     _record(_cls)  # every field type is checked here, at import
 
-# Fields renamed since a snapshot may have been written: (class, old) -> new.
 _RENAMED: Final[dict[tuple[str, str], str]] = {("State", "poisoned"): "closed"}
 
 _NAMES: Final = tuple((cls.__name__, _record(cls).names) for cls in _TOP)

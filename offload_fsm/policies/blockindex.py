@@ -40,8 +40,9 @@ from operator import is_not
 from offload_fsm.rules.buffer import after_buffer_change, count_drop, maybe_end
 from offload_fsm.rules.pins import release_pinned
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import BlockHash, Holders, Op, State, holders
+from offload_fsm.state import Holders, Op, State, holders
 from offload_fsm.vocabulary.decisions import DropCause
+from offload_fsm.vocabulary.events import BlockHash
 
 
 def index(state: State, op: Op, scope: Scope) -> None:
