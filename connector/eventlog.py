@@ -4,7 +4,7 @@ Log files
 ---------
 A writer appends framed records (see :mod:`offload_fsm.log.framing`) to files
 ``<directory>/<prefix>-<seqno:06d>.lolog`` (named by :mod:`offload_fsm.log.names`),
-seqno starting at ``000000``.
+seqno starting at ``000000`` (after the last existing file of the prefix).
 The default prefix is ``<UTC timestamp>-<pid>``.  When appending the next
 record would push the current file past ``max_file_bytes`` the file is
 flushed, fsynced and closed, and the next seqno is opened.
@@ -43,20 +43,12 @@ Contract towards the caller (the vLLM scheduler thread)
 * Appends are intended to come from one thread (the scheduler).  Several
   producer threads are safe (the deque operations are atomic) but the queue
   bound and the loss accounting are then approximate.
-* The GIL. The writer's encoding and folding is Python, under the one GIL
-  with vLLM's scheduler thread, and a thread waiting for the GIL waits up to
-  CPython's switch interval (5 ms) for the holder to let it go. So the writer
-  gives it away after every ``_SLICE_S`` of work by sleeping ``_HANDOFF_S``
-  (``time.sleep(0)`` does not hand it over: the writer takes it back before
-  the waiter wakes; a sleep longer than a thread's wake-up does), and it
-  stands back while the producer is busy
-  (``producer_calls`` > 0: the connector, inside a call from vLLM's
-  scheduler), looking again every ``_HANDOFF_S``, for at most
-  ``_STAND_BACK_S`` at a time and only while its queue is under half full,
-  so the bound never drops events for it. In vLLM the writer's time is then
-  the scheduler's waits for the model's output, when the GIL is free. The
-  points where it does so are between items and, through ``encode`` (which
-  may call :meth:`EventLogWriter.pause_point`), inside one.
+* With ``item_bytes``, the queue is bounded in bytes too
+  (``queue_max_bytes``, each item weighing what ``item_bytes`` says).
+* A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
+  mount) sends the writer to broken mode as an I/O error does: the
+  producer's next :meth:`append` sees it, what comes is dropped and counted,
+  and the log resumes in a new file once a probe succeeds.
 """
 
 from __future__ import annotations
@@ -83,10 +75,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _instance_counter = itertools.count()
-_SLICE_S = 0.0005  # the writer's work between two GIL hand-offs
-_HANDOFF_S = 0.00005  # long enough for a waiting thread to wake and take the GIL
-_STAND_BACK_S = 0.02  # the longest the writer waits for a busy producer at once
-_clock, _sleep = time.perf_counter, time.sleep  # pause_point's (a test replaces them)
 
 
 def default_prefix() -> str:
@@ -149,6 +137,9 @@ class EventLogWriter:
         pack: Callable[[list[bytes]], bytes] | None = None,
         batchable: Callable[[object], bool] | None = None,
         batch_bytes: int = 256 * 1024,
+        item_bytes: Callable[[object], int] | None = None,
+        queue_max_bytes: int = 64 * 1024 * 1024,
+        io_stall_s: float = 10.0,
     ) -> None:
         if queue_max_items < 1:
             raise ValueError("queue_max_items must be >= 1")
@@ -163,6 +154,12 @@ class EventLogWriter:
         self._warn = warn if warn is not None else _log.warning
         self.prefix = prefix if prefix is not None else default_prefix()
         self._queue_max = queue_max_items
+        self._item_bytes = item_bytes
+        self._queue_max_bytes = queue_max_bytes
+        self._bytes_in = 0  # producer: bytes of the items it queued (``item_bytes``)
+        self._bytes_out = 0  # writer thread: of those it took
+        self._io_stall_s = io_stall_s
+        self._io_since = 0.0  # writer thread: when its pending write/flush/fsync began
         self._max_file_bytes = max_file_bytes
         self._max_total_bytes = max_total_bytes
         self._auto_rotate = auto_rotate
@@ -195,12 +192,7 @@ class EventLogWriter:
         self._closing = False
         self._rotate_pending = False  # a rotation is queued, not yet done
 
-        self.producer_calls = 0  # the producer's calls in progress ("The GIL")
-
         # Writer-thread state.
-        self._writer_ident = -1  # the writer thread's (pause_point)
-        self._handoff_at = 0.0  # when it next hands the GIL over
-        self._half_full = max(1, queue_max_items // 2)
         self._items_written = 0
         self.writing = False  # the writer thread holds an item (testkit.pacing reads it)
         self._records_written = 0
@@ -229,6 +221,11 @@ class EventLogWriter:
         # Open the first file here, on the caller's thread, so that a bad
         # directory or a failing header/encode raises at construction.
         self._dir.mkdir(parents=True, exist_ok=True)
+        # A writer that takes over a run (a restarted recorder) goes on after
+        # the run's last file.
+        taken = [parsed[1] for parsed in map(parse_file_name, os.listdir(self._dir))
+                 if parsed is not None and parsed[0] == self.prefix]
+        self._seqno = max(taken, default=-1)
         self._open_next_file()
 
         self._wake = threading.Event()
@@ -246,38 +243,60 @@ class EventLogWriter:
     def append(self, item: object) -> None:
         """Enqueue ``item`` for writing; never blocks, never raises on overload."""
         q = self._queue
-        if len(q) < self._limit:
+        if len(q) < self._limit and self._item_bytes is None:
             q.append(item)
         else:
             self._append_slow(item)
+
+    def _room(self, size: int) -> bool:
+        return (len(self._queue) < self._queue_max
+                and self._bytes_in - self._bytes_out + size <= self._queue_max_bytes)
 
     def _append_slow(self, item: object) -> None:
         q = self._queue
         if self._closing:
             self._lose("append() after close(); item dropped")
             return
+        if self._io_since and time.monotonic() - self._io_since > self._io_stall_s:
+            self._stalled()
+        size = self._item_bytes(item) if self._item_bytes is not None else 0
         if self._lost_pending:
-            if len(q) < self._queue_max:
+            if self._room(size):
                 # Room again: the gap marker may exceed the bound by one.
                 self._queue_gap()
+                self._bytes_in += size
                 q.append(item)
                 return
             self._lost_pending += 1
             self._items_lost += 1
             self._lost_events += self._item_events(item)
             return
-        if len(q) < self._queue_max:  # raced with the writer thread draining
+        if self._room(size):
+            self._bytes_in += size
             q.append(item)
             return
         self._lost_pending = 1
         self._lost_events = self._item_events(item)
         self._limit = -1
         self._lose(
-            f"event log queue full ({self._queue_max} items): dropping events; "
+            f"event log queue full ({self._queue_max} items, "
+            f"{self._queue_max_bytes} bytes): dropping events; "
             "a gap marker with the lost count will be written when the queue drains "
             "(further losses are counted in items_lost, not warned again)",
         )
         self._wake.set()
+
+    def _stalled(self) -> None:
+        """The writer thread's write/flush/fsync has not returned for longer
+        than ``io_stall_s``: broken mode, as for an I/O error (the writer
+        thread, when the call returns, drops what it takes and probes)."""
+        if self._broken is None:
+            self._broken = TimeoutError(f"a write has not returned for {self._io_stall_s:g} s")
+            self._outage_lost = 0
+            self._next_retry = time.monotonic() + self._retry_interval_s
+            self._warn(f"event log: a write to {self._dir} has not returned for "
+                       f"{self._io_stall_s:g} s (a hung disk?); events are dropped and "
+                       "counted; the log resumes in a new file when writes succeed")
 
     def _queue_gap(self) -> None:
         """End an overflow episode: its gap marker goes in front of what follows."""
@@ -428,8 +447,8 @@ class EventLogWriter:
         q = self._queue
         popleft = q.popleft
         write_item = self._write_item
-        monotonic, pause_point = time.monotonic, self.pause_point
-        self._writer_ident = threading.get_ident()
+        item_bytes = self._item_bytes
+        monotonic = time.monotonic
         self._enforce_retention()
         try:
             while True:
@@ -440,9 +459,10 @@ class EventLogWriter:
                         item = popleft()
                     except IndexError:
                         break
+                    if item_bytes is not None:
+                        self._bytes_out += item_bytes(item)
                     write_item(item)
                     n += 1
-                    pause_point()
                 self.writing = False
                 pending = self._unflushed + self._batch_bytes
                 if pending and (
@@ -463,26 +483,6 @@ class EventLogWriter:
                     self._wake.clear()
         finally:
             self._close_file()
-
-    def pause_point(self) -> None:
-        """Between two units of the writer thread's work: hand the GIL over
-        if its slice is used up, and stand back while the producer is busy
-        (the module docstring, "The GIL"). A no-op on any other thread."""
-        if threading.get_ident() != self._writer_ident:
-            return
-        now = _clock()
-        if (self.producer_calls and not self._closing
-                and len(self._queue) < self._half_full):
-            until = now + _STAND_BACK_S
-            while self.producer_calls and now < until:
-                _sleep(_HANDOFF_S)
-                now = _clock()
-        elif now >= self._handoff_at:
-            _sleep(_HANDOFF_S)
-            now = _clock()
-        else:
-            return
-        self._handoff_at = now + _SLICE_S
 
     def _weigh(self, item: object) -> int:
         try:
@@ -682,6 +682,10 @@ class EventLogWriter:
         deletes a ``probe_bytes`` scratch file; on success asks the producer
         for a rotation (its snapshot starts the resumed file)."""
         self._next_retry = time.monotonic() + self._retry_interval_s
+        stalled, self._file = self._file, None  # broken by a stall: the file was left open
+        if stalled is not None:
+            with contextlib.suppress(OSError):
+                stalled.close()
         path = self._dir / f".{self.prefix}.probe"
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -739,11 +743,14 @@ class EventLogWriter:
     def _write_record(self, record: bytes) -> None:
         f = self._file
         assert f is not None
+        self._io_since = time.monotonic()
         try:
             f.write(record)
         except OSError as exc:
             self._fail(exc)
             return
+        finally:
+            self._io_since = 0.0
         n = len(record)
         self._file_bytes += n
         self._bytes_written += n
@@ -755,10 +762,13 @@ class EventLogWriter:
         self._unflushed = 0
         self._last_flush = time.monotonic()
         if self._file is not None and self._broken is None:
+            self._io_since = time.monotonic()
             try:
                 self._file.flush()
             except OSError as exc:
                 self._fail(exc)
+            finally:
+                self._io_since = 0.0
 
     def _fail(self, exc: BaseException) -> None:
         """An I/O error: stop writing, drop (and count) what comes, close the
@@ -788,6 +798,7 @@ class EventLogWriter:
         self._file = None
         if f is None:
             return
+        self._io_since = time.monotonic()
         try:
             if self._broken is None:
                 f.flush()
@@ -798,6 +809,7 @@ class EventLogWriter:
             return
         finally:
             self._unflushed = 0
+            self._io_since = 0.0
         try:
             f.close()
         except OSError as exc:

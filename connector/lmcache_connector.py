@@ -21,10 +21,9 @@ engine's config (``requires_piecewise_for_cudagraph``,
 plugin (``connector.plugin``), every resolution of the connector class,
 which the front end does in ``VllmConfig.__post_init__``.
 
-The event log's writer thread stands back from the GIL while vLLM's
-scheduler thread is inside one of this class's scheduler-side calls (they
-count themselves in the writer's ``producer_calls``; "The GIL" in
-``connector.eventlog``).
+The event log costs the engine one number and one pack per event: a
+recorder process of its own writes it (``connector.handoff``,
+``connector.recorder``).
 
 Metrics: :meth:`get_kv_connector_stats` returns LMCache's lookup stats plus the
 lazy-offload counter deltas and gauges (``connector.metrics``); the class
@@ -34,10 +33,8 @@ the "KV Transfer metrics" log line and ``vllm:lazy_offload_*`` on ``/metrics``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
@@ -45,9 +42,11 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from connector import metrics, shutdown_signal
-from connector.eventlog import EventLogWriter
+from connector.eventlog import default_prefix
+from connector.handoff import Handoff
 from connector.manager import EventSourcedManager
-from connector.recording import EventRecorder, installed_versions
+from connector.recording import installed_versions
+from connector.supervisor import launcher
 from offload_fsm import parse_config
 from offload_fsm.vocabulary.config import PREFIX, ConfigError, Policy, Settings
 from offload_fsm.vocabulary.decisions import SelectReason
@@ -89,37 +88,9 @@ def _fingerprint(block_hash: Any) -> int:
     return hash(make_block_hash_with_group_id(block_hash, 0))
 
 
-def _producer_call(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method``, counted as a call of the event log's producer while it runs,
-    so the log's writer thread stands back from the GIL meanwhile ("The GIL"
-    in ``connector.eventlog``); nested calls count each."""
-
-    @functools.wraps(method)
-    def call(self: EventSourcedLMCacheMPConnector, *args: Any, **kwargs: Any) -> Any:
-        writer = self._log_writer
-        if writer is None:
-            return method(self, *args, **kwargs)
-        writer.producer_calls += 1
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            writer.producer_calls -= 1
-
-    return call
-
-
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
-    # The scheduler-side calls vLLM makes every step (_producer_call).
-    build_connector_meta = _producer_call(LMCacheMPConnector.build_connector_meta)
-    update_connector_output = _producer_call(LMCacheMPConnector.update_connector_output)
-    update_state_after_alloc = _producer_call(LMCacheMPConnector.update_state_after_alloc)
-    request_finished = _producer_call(LMCacheMPConnector.request_finished)
-    request_finished_all_groups = _producer_call(
-        LMCacheMPConnector.request_finished_all_groups)
-
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
-        self._log_writer: EventLogWriter | None = None
         settings = check_vllm_config(vllm_config)
         config = settings.offload
         super().__init__(vllm_config, role, kv_cache_config)
@@ -128,7 +99,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
         engine_index = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
-        recorder = _make_recorder(settings, world_size, engine_index)
+        recorder = _make_handoff(settings, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -139,7 +110,6 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             live_tokens=self._live_tokens,
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
-        self._log_writer = recorder.writer if recorder is not None else None
         # Always hooked: the signal also seals the log before vLLM stops its
         # workers (``EventSourcedManager.has_inflight_store_work``).
         hooked = shutdown_signal.install(self._lazy_offload_manager.shutdown_began)
@@ -178,7 +148,6 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
     # -- metrics (connector.metrics) ---------------------------------------
 
-    @_producer_call
     def get_kv_connector_stats(self) -> metrics.LazyOffloadConnectorStats | None:
         """LMCache's lookup latencies since the last call plus lazy offload's
         counter deltas and changed gauges; None when nothing changed."""
@@ -207,7 +176,6 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return metrics.LazyOffloadPromMetrics(vllm_config, metric_types, labelnames,
                                               per_engine_labelvalues, primary_reason=primary)
 
-    @_producer_call
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
@@ -233,10 +201,11 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return result
 
 
-def _make_recorder(
+def _make_handoff(
     settings: Settings, world_size: int, engine_index: int = 0
-) -> EventRecorder | None:
-    """The event log writer, or None when turned off (``log_dir`` = "").
+) -> Handoff | None:
+    """The event log's hand-off to a recorder process, or None when the log
+    is turned off (``log_dir`` = "").
 
     A log directory that cannot be created or written: when it was configured
     (``lmcache.mp.lazy_offload_log_dir``) start-up fails with a
@@ -253,17 +222,7 @@ def _make_recorder(
     if not directory:
         return None
     try:
-        return EventRecorder(
-            settings.offload,
-            world_size,
-            directory,
-            installed_versions(),
-            pub_endpoint=shell.log_pub_endpoint,
-            engine_index=engine_index,
-            max_file_bytes=max(1, round(shell.log_max_file_mib * _MIB)),
-            max_total_bytes=max(1, round(shell.log_max_total_mib * _MIB)),
-            header_config=settings.to_wire(),
-        )
+        _check_writable(directory)
     except OSError as error:
         if shell.log_dir is not None:
             raise ConfigError(f"{PREFIX}_log_dir", directory,
@@ -274,3 +233,23 @@ def _make_recorder(
                      "directory, or to \"\" to turn the log off", directory, origin, error,
                      PREFIX)
         return None
+    prefix = default_prefix() + (f"-engine{engine_index}" if engine_index else "")
+    budget = max(1, round(shell.log_budget_mib * _MIB))
+    spec = {
+        "directory": directory, "prefix": prefix, "engine_index": engine_index,
+        "world_size": world_size, "header_config": settings.to_wire(),
+        "versions": installed_versions(), "pub_endpoint": shell.log_pub_endpoint,
+        "max_file_bytes": max(1, round(shell.log_max_file_mib * _MIB)),
+        "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
+        "budget_bytes": budget,
+    }
+    return Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+
+
+def _check_writable(directory: str) -> None:
+    """Raise :class:`OSError` unless ``directory`` can be created and written."""
+    os.makedirs(directory, exist_ok=True)
+    probe = os.path.join(directory, f".probe-{os.getpid()}")
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    os.unlink(probe)

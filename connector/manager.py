@@ -45,10 +45,11 @@ keeps serving.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
@@ -97,6 +98,27 @@ from offload_fsm.vocabulary.events import (
 )
 from offload_fsm.vocabulary.outcome import Outcome
 
+_R = TypeVar("_R")
+
+
+def _hook(default: Callable[[], Any]) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+    """A method vLLM (or LMCache for it) calls: whatever it raises stays here.
+    The error is logged once per method and ``default()`` is returned; the
+    core's own failures never get this far (``_guarded`` turns them into
+    drain-only mode), so this catches the shell's and the drain's."""
+
+    def wrap(method: Callable[..., _R]) -> Callable[..., _R]:
+        @functools.wraps(method)
+        def call(self: EventSourcedManager, *args: Any, **kwargs: Any) -> _R:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:
+                self._hook_failed(method.__name__, error)
+                return default()  # type: ignore[no-any-return]
+        return call
+
+    return wrap
+
 
 class EventSourcedManager:
     """Drop-in for LMCache's ``LazyOffloadManager`` (same nine methods)."""
@@ -143,6 +165,7 @@ class EventSourcedManager:
         self._late: DrainOnly | None = None  # the drain after an early seal
         self._left: ShutdownLeft | None = None
         self._log = get_logger()
+        self._hooks_failed: set[str] = set()
         self._narrator = Narrator(self._log, clock)
         # Prompt length of each request still prefilling (``_reserve_blocks``).
         self._prefilling: dict[str, int] = {}
@@ -171,12 +194,14 @@ class EventSourcedManager:
                            idle_flush_steps=self.config.idle_flush_steps,
                            shutdown_flush_s=self.config.shutdown_flush_s)
 
+    @_hook(lambda: None)
     def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
         if self._pool is None:
             raise ValueError("lazy offload GPU block pool is not bound")
         if self._drain is None:
             self._guarded(self._offer, metadata)
 
+    @_hook(LazyOffloadActions)
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
         if self._drain is not None:
             self._execute_all(self._drain.step(self._clock()))
@@ -184,6 +209,7 @@ class EventSourcedManager:
             self._guarded(self._step, scheduler_output)
         return self._take_actions()
 
+    @_hook(LazyOffloadActions)
     def on_store_results(
         self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
     ) -> LazyOffloadActions:
@@ -196,6 +222,7 @@ class EventSourcedManager:
             ))
         return self._take_actions()
 
+    @_hook(LazyOffloadActions)
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
         if self._drain is not None:
             self._execute_all(self._drain.finished(request_id))
@@ -203,10 +230,12 @@ class EventSourcedManager:
             self._guarded(self._finish, request_id)
         return self._take_actions()
 
+    @_hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
         if self._drain is None:
             self._guarded(self._feed, RequestPreempted(req_id=request_id))
 
+    @_hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
         if self._drain is not None:
             self._drain.arrived(request_id)
@@ -214,6 +243,7 @@ class EventSourcedManager:
             self._guarded(self._arrive, request_id)
         return self._take_actions()
 
+    @_hook(lambda: False)
     def has_inflight_store_work(self) -> bool:
         # Read once, first: the SIGTERM hook runs between any two bytecodes of
         # this thread, and a signal that lands after "no work" was computed
@@ -231,6 +261,7 @@ class EventSourcedManager:
             self._seal_early()
         return busy
 
+    @_hook(lambda: None)
     def shutdown_began(self) -> None:
         """vLLM's engine process got SIGTERM/SIGINT (``connector.shutdown_signal``).
         Runs inside a signal handler: it only notes it (and, with a shutdown
@@ -251,6 +282,7 @@ class EventSourcedManager:
         self._late = self._drain = DrainOnly(world_size=self.state.world_size,
                                              lease_s=self.config.receipt_lease_s)
 
+    @_hook(lambda: None)
     def log_final_stats(self) -> None:
         if not self._closed:
             self._close()
@@ -295,6 +327,7 @@ class EventSourcedManager:
             signal_seen=self._shutdown_signal_s is not None,
         )
 
+    @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
         """vLLM reset its prefix cache (every block hash is gone)."""
         if self._drain is None:
@@ -490,6 +523,12 @@ class EventSourcedManager:
         return actions
 
     # -- failure: drain-only mode -----------------------------------------
+
+    def _hook_failed(self, name: str, error: Exception) -> None:
+        if name not in self._hooks_failed:
+            self._hooks_failed.add(name)
+            self._log.error("lazy offload: a call from vLLM failed; vLLM goes on (logged "
+                            "once per call)", call=name, reason=repr(error))
 
     def _guarded(self, method: Callable[[Any], None], argument: Any) -> None:
         try:

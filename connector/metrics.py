@@ -154,8 +154,17 @@ GAUGES: Final[dict[str, str]] = {
     "shielded_ops": "Buffered store ops protected now (shielded at finish).",
     "oldest_buffered_op_age_steps": "Token steps since the longest-buffered request's buffer "
                                     "became non-empty (bounds the oldest buffered op's age).",
-    "log_items_lost": "Event-log items the writer dropped (queue overflow, encode or I/O "
-                      "failure); each loss is a GAP record in the log.",
+    "log_items_lost": "Event-log items the recorder's writer dropped (queue overflow, "
+                      "encode or I/O failure); each loss is a GAP record in the log.",
+    "log_handoff_events_lost": "Events the engine numbered that never reached the recorder "
+                               "process (it was dead, stalled or behind its byte budget); "
+                               "the log records them as a GAP when recording resumes.",
+    "log_handoff_bytes_in_flight": "Bytes handed to the recorder process and not yet "
+                                   "taken in (bounded by lazy_offload_log_budget_mib).",
+    "log_recorder_restarts": "Times the recorder process was started again after it died.",
+    "log_recorder_up": "1 while the recorder process runs and the log is in step with the "
+                       "engine, else 0.",
+    "log_pub_bind_failed": "1 when the live stream's endpoint could not be bound.",
     "draining": "1 when lazy offload stopped after a failure and only drains what LMCache "
                 "holds (drain-only mode), else 0.",
 }
@@ -322,10 +331,22 @@ class StatsSource:
 
     def _scalars(self, state: Any, draining: bool) -> tuple[tuple[str, int], ...]:
         """The gauges read in O(1) every call."""
-        writer = getattr(self._recorder, "writer", None)
+        handoff = self._recorder
+        if handoff is None:
+            log: tuple[tuple[str, int], ...] = ()
+        else:
+            recorder = handoff.recorder_stats
+            log = (
+                ("log_items_lost", int(recorder.get("items_lost", 0))),
+                ("log_handoff_events_lost", handoff.events_lost),
+                ("log_handoff_bytes_in_flight", handoff.stats.bytes_in_flight),
+                ("log_recorder_restarts", handoff.stats.recorder_restarts),
+                ("log_recorder_up", int(handoff.recorder_up)),
+                ("log_pub_bind_failed", int(recorder.get("pub_bind_failed", 0))),
+            )
         return (
             ("oldest_buffered_op_age_steps", self._oldest_age(state)),
-            ("log_items_lost", int(writer.items_lost) if writer is not None else 0),
+            *log,
             ("draining", int(draining)),
         )
 

@@ -34,9 +34,8 @@ Files, snapshots and disk use
 -----------------------------
 Each file starts with a header (config, policy, world size, versions); each
 file but the first follows it with a SNAPSHOT of the whole state
-(:mod:`offload_fsm.log.snapshot`), so any one file replays alone. The state
-lives on this thread and moves with the next ``step``, so the snapshot is
-taken here, and only when a rotation is due: the writer raises
+(:mod:`offload_fsm.log.snapshot`), so any one file replays alone. The snapshot is
+taken on the caller's thread, and only when a rotation is due: the writer raises
 ``rotation_due`` once the file reaches ``max_file_bytes``, and at the next
 batch boundary :meth:`record` flushes the batch and hands the writer
 ``rotate(snapshot)`` (cost: ``bench/bench_snapshot.py``). The writer keeps
@@ -59,24 +58,14 @@ probes for room once per ``retry_interval_s``; when writes succeed again it
 raises ``rotation_due`` as well, and the resumed file holds header, a GAP
 with the number of events lost, and the snapshot.
 
-The writer's fold
------------------
-Digests and snapshots walk the whole state (milliseconds at a large
-backlog), and the live state is mutated in place by the next ``step``, so
-it cannot be handed to another thread. But the core is pure: the writer
-thread applies every event it encodes to a state of its own (started as
-``new_state``), checks that each decides what it decided live, and takes
-the periodic digests and every snapshot from that fold. The scheduler
-thread sends only a request: for a digest, with :func:`state_summary` of
-the live state (O(1): sizes, id counters, counters), which the fold must
-match, so a live state changed outside ``step`` still shows. The fold is
-lost when events never reach the writer (queue overflow, a failing disk,
-a rejection) or disagrees with the live run (a warning says where); until
-a snapshot restarts it, this thread takes digests and snapshots itself, as
-it does for the snapshot that resumes a log after a disk failure, and the
-writer restarts its fold from that snapshot. The END's digest is taken
-here too, at close. The price: the core's cost once more on the writer
-thread, and a second copy of the state in memory (bounded as the state is).
+Where it runs
+-------------
+In the connector this runs in the recorder process (``connector.recorder``),
+fed by the engine's hand-off (``connector.handoff``): its caller's thread is
+the recorder's main thread, whose ``state`` is the recorder's own fold of the
+engine's events, so digests and snapshots walk that state there and cost
+vLLM nothing. Tests, benches and ``replay whatif``-style tools use it in
+their own process the same way.
 
 Wire format: :mod:`offload_fsm.log.records`.
 """
@@ -85,9 +74,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, Final
 
 from connector.eventlog import EventLogWriter, default_prefix
 from offload_fsm.digest import state_digest
@@ -118,6 +107,7 @@ from offload_fsm.log.records import (
     REJECTED,
     SCHEMA_VERSION,
     SNAPSHOT,
+    VANISHED,
     Header,
     encode_digest,
     encode_end,
@@ -125,21 +115,20 @@ from offload_fsm.log.records import (
     encode_header,
     encode_index,
     encode_inputs,
-    encode_packed_snapshot,
     encode_rejected,
     encode_snapshot,
+    encode_vanished,
 )
-from offload_fsm.log.snapshot_pack import compact_snapshot, packed_snapshot
-from offload_fsm.log.wire import outcome_wire, to_wire
-from offload_fsm.refold import refold
-from offload_fsm.state import State, new_state
+from offload_fsm.log.snapshot_pack import compact_snapshot
+from offload_fsm.log.wire import to_wire
+from offload_fsm.state import State
 from offload_fsm.vocabulary.config import OffloadConfig, Settings
 from offload_fsm.vocabulary.events import Event
-from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = ["EventRecorder", "installed_versions"]
 
 _NEW_FILE = (HEADER,)
+PUB_MESSAGE_MAX_BYTES: Final = 256 * 1024
 _BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
 
@@ -150,22 +139,18 @@ def _batchable(item: Any) -> bool:
     return item[0] in _BATCHED
 
 
+def _bytes_of(item: Any) -> int:
+    """What a queued item weighs against the writer's byte bound: an INPUTS
+    item the bytes its events came in (``record``'s ``size_bytes``)."""
+    return item[4] if type(item) is tuple and item[0] == INPUTS else 0
+
+
 def _events_of(item: Any) -> int:
     """How many events a queued item carries (the writer's GAP counts events)."""
     kind = item[0]
     if kind == INPUTS:
         return len(item[3])
     return 1 if kind == REJECTED else 0
-
-
-def state_summary(state: State) -> tuple[Any, ...]:
-    """An O(1) summary of ``state`` (sizes, id counters, counters): what the
-    scheduler thread sends with a digest request so the writer's fold is
-    checked against the live state it stands for."""
-    return (state.step_index, state.next_op_id, state.next_batch_id, len(state.requests),
-            len(state.batches), len(state.pins), len(state.stored_keys),
-            state.stored_keys_xor, state.free_blocks, state.closed,
-            tuple(state.counters.values()))
 
 
 def installed_versions() -> dict[str, str]:
@@ -186,18 +171,6 @@ def installed_versions() -> dict[str, str]:
     return out
 
 
-def _no_pause() -> None:
-    return None
-
-
-def _pausing(applied: Sequence[tuple[Event, Outcome]], pause: Callable[[], None]
-             ) -> Iterator[tuple[Event, Outcome]]:
-    """``applied``, calling ``pause`` before handing over each pair."""
-    for pair in applied:
-        pause()
-        yield pair
-
-
 class _Encoder:
     """Runs on the writer thread: turns queued items into payloads, in order."""
 
@@ -212,6 +185,8 @@ class _Encoder:
         engine_index: int = 0,
         compress_level: int = 6,
         header_config: Mapping[str, object] | None = None,
+        first_seq: int = 0,
+        pub_budget_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._config = dict(header_config if header_config is not None
                             else Settings(offload=config).to_wire())
@@ -223,16 +198,18 @@ class _Encoder:
         self._full = full_outcomes
         self._created_s = 0.0
         self._file_index = -1
-        self._next_seq = 0
-        self._item_seq = 0
+        self._next_seq = first_seq
+        self._item_seq = first_seq
         self._header_payload = b""
         self._after_snapshot = False
         self._pub_endpoint = pub_endpoint
         self._socket: Any = None
         self._context: Any = None
         self._noblock = 0
+        self._pub_budget = pub_budget_bytes
         self.pub_sent = 0
         self.pub_dropped = 0
+        self.pub_bind_failed = 0
         # The segment (from a header or a snapshot): compact-form context,
         # zlib stream, and what its INDEX will say.
         self._wire_context = WireContext()
@@ -243,19 +220,7 @@ class _Encoder:
         self._segment_key: int | None = 0  # see log.records.Index.key
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
-        # The writer's fold (module docstring): the state after event
-        # ``_fold_seq - 1``; None once lost.
-        self._offload_config = config
-        self._fold: State | None = new_state(config, world_size=world_size)
-        self._fold_seq = 0
-        # Between two events of the fold: the writer's GIL hand-off
-        # (``EventLogWriter.pause_point``, "The GIL" in connector.eventlog).
-        self.pause: Callable[[], None] = _no_pause
 
-    @property
-    def fold_ok(self) -> bool:
-        """Whether the fold is on (read by the scheduler thread)."""
-        return self._fold is not None
 
     def pack(self, payloads: list[bytes]) -> bytes:
         """The writer's batch: one BATCH record of the segment's zlib stream."""
@@ -281,10 +246,8 @@ class _Encoder:
         if kind != HEADER:
             self._item_seq = self._next_seq
         if kind == INPUTS:
-            _, seq, wall_s, applied = item
+            seq, wall_s, applied = item[1], item[2], item[3]
             self._item_seq = seq
-            if self._fold is not None:
-                self._apply(seq, applied)
             wall_ms = round((wall_s - created) * 1000.0)
             try:
                 payload = encode_compact_inputs(seq, wall_ms, applied, self._wire_context,
@@ -298,9 +261,7 @@ class _Encoder:
             self._next_seq = seq + len(applied)
             return self._chain(payload)
         elif kind == DIGEST:
-            _, seq, wall_s, digest, summary = item
-            if digest is None:  # the scheduler asked the fold for it
-                digest = state_digest(self._folded(seq + 1, summary))
+            _, seq, wall_s, digest = item
             if self._pub_endpoint:
                 self._publish(self._header_payload)  # late subscribers get the context
             payload = self._chain(encode_digest(seq, round((wall_s - created) * 1000.0), digest))
@@ -309,18 +270,23 @@ class _Encoder:
             # gap of a log resuming after an I/O failure (encoded right after the
             # snapshot that follows it in the file), the events before the snapshot.
             lost = item[1]
-            first = self._next_seq - lost if after_snapshot else self._next_seq
+            if len(item) > 2:  # the recorder says where (the engine's hand-off lost them)
+                first = item[2]
+            else:
+                first = self._next_seq - lost if after_snapshot else self._next_seq
             payload = encode_gap(max(0, first), round((time.time() - created) * 1000.0), lost)
             self._segment_key = None
             if not after_snapshot:
                 self._requests = None  # the lost events named requests unknown
+        elif kind == VANISHED:
+            _, seq, wall_s, reason = item
+            payload = encode_vanished(seq, round((wall_s - created) * 1000.0), seq, reason)
         elif kind == END:
             _, seq, wall_s, digest = item
             payload = encode_end(seq, round((wall_s - created) * 1000.0), seq, digest)
         elif kind == REJECTED:
             _, seq, wall_s, event, reason = item
             self._item_seq = seq
-            self._lose_fold("")  # the live state is closed: nothing more to digest
             self._segment_key = None
             payload = encode_rejected(seq, round((wall_s - created) * 1000.0), event, reason)
             self._add_requests(event)
@@ -330,18 +296,8 @@ class _Encoder:
             _, seq, wall_s, digest, state, step_index, periodic = item
             previous = self._snapshot_keys if periodic else None
             wall_ms = round((wall_s - created) * 1000.0)
-            if state is None:  # the scheduler asked the fold for it: packed as it is walked
-                folded = self._folded(seq, None)
-                digest = state_digest(folded)
-                packed, keys = packed_snapshot(folded, previous)
-                payload = encode_packed_snapshot(seq, wall_ms, digest, packed,
-                                                 level=self._compress_level)
-            else:  # taken on the scheduler thread: (re)start the fold from it
-                self._fold = snapshot.from_wire(state, self._offload_config)
-                self._fold_seq = seq
-                state, keys = compact_snapshot(state, previous)
-                payload = encode_snapshot(seq, wall_ms, digest, state,
-                                          level=self._compress_level)
+            state, keys = compact_snapshot(state, previous)
+            payload = encode_snapshot(seq, wall_ms, digest, state, level=self._compress_level)
             self._item_seq = self._next_seq = seq
             self._start_segment()
             self._segment_seq, self._segment_step, self._requests = seq, step_index, set()
@@ -363,48 +319,6 @@ class _Encoder:
         if self._pub_endpoint:
             self._publish(payload)
         return payload
-
-    def _apply(self, seq: int, applied: Sequence[tuple[Event, Outcome]]) -> None:
-        """Fold ``applied`` (events ``seq``...) into the writer's state, and
-        check that each decides what it decided live."""
-        fold = self._fold
-        assert fold is not None
-        if seq != self._fold_seq:  # dropped before the writer saw them: a GAP says so
-            self._lose_fold("")
-            return
-        seq, mismatch = refold(fold, seq, _pausing(applied, self.pause))
-        if mismatch is not None:
-            name = type(mismatch.event).__name__
-            if mismatch.outcome is None:
-                self._lose_fold(f"event {mismatch.seq} ({name}) failed in the writer's fold "
-                                f"after it applied live: {mismatch.error}")
-            else:
-                self._lose_fold(f"event {mismatch.seq} ({name}) decided "
-                                f"{outcome_wire(mismatch.outcome)!r} in the writer's fold, "
-                                f"{outcome_wire(mismatch.recorded)!r} live")  # type: ignore[arg-type]
-            return
-        self._fold_seq = seq
-
-    def _folded(self, seq: int, summary: tuple[Any, ...] | None) -> State:
-        """The fold's state before event ``seq`` (which the live one summarised
-        as ``summary``, when given); raises when the fold cannot give it."""
-        fold = self._fold
-        if fold is None or self._fold_seq != seq:
-            raise RuntimeError(f"the writer's fold is not at event {seq} (the log lost "
-                               "events); the scheduler thread takes the next snapshot")
-        if summary is not None and state_summary(fold) != summary:
-            self._lose_fold(f"the state after event {seq - 1} differs from the live one "
-                            f"(summary {state_summary(fold)!r}, live {summary!r}): the live "
-                            "state changed outside the core's step")
-            raise RuntimeError("the writer's fold diverged from the live state")
-        return fold
-
-    def _lose_fold(self, warning: str) -> None:
-        """Stop folding until a snapshot from the scheduler thread restarts it."""
-        self._fold = None
-        if warning:
-            _log.warning("event log: %s; digests and snapshots are taken on the scheduler "
-                         "thread until one restarts the fold", warning)
 
     def _add_requests(self, event: Event) -> None:
         if self._requests is not None:
@@ -428,22 +342,37 @@ class _Encoder:
         return self._header_payload
 
     def _publish(self, payload: bytes) -> None:
+        """Send one record to the live stream's subscribers. Each subscriber's
+        queue holds at most ``pub_budget_bytes``: ZeroMQ bounds it in
+        messages, so a record over :data:`PUB_MESSAGE_MAX_BYTES` is not
+        published (counted in ``pub_dropped``; the follower sees the hole)."""
+        record = frame(payload)
+        if len(record) > PUB_MESSAGE_MAX_BYTES:
+            self.pub_dropped += 1
+            return
         try:
             if self._socket is None:
                 import zmq
 
                 self._context = zmq.Context()
-                self._socket = self._context.socket(zmq.PUB)
-                self._socket.setsockopt(zmq.SNDHWM, 10000)
-                self._socket.setsockopt(zmq.LINGER, 0)
-                self._socket.bind(self._pub_endpoint)
+                socket = self._context.socket(zmq.PUB)
+                socket.setsockopt(zmq.SNDHWM, max(1, self._pub_budget // PUB_MESSAGE_MAX_BYTES))
+                socket.setsockopt(zmq.LINGER, 0)
+                try:
+                    socket.bind(self._pub_endpoint)
+                except zmq.ZMQError as error:
+                    socket.close(linger=0)
+                    self.pub_bind_failed = 1
+                    _log.warning("event log: the live stream cannot bind %s (%s); the log "
+                                 "is written without it", self._pub_endpoint, error)
+                    self._pub_endpoint = ""  # stop trying
+                    return
+                self._socket = socket
                 self._noblock = zmq.NOBLOCK
-            self._socket.send_multipart((PUB_TOPIC, frame(payload)), flags=self._noblock)
+            self._socket.send_multipart((PUB_TOPIC, record), flags=self._noblock)
             self.pub_sent += 1
-        except Exception:  # never let the live stream hurt the log or the scheduler
+        except Exception:  # never let the live stream hurt the log
             self.pub_dropped += 1
-            if self._socket is None:
-                self._pub_endpoint = ""  # could not bind: stop trying
 
     def close(self) -> None:
         if self._socket is not None:
@@ -476,13 +405,19 @@ class EventRecorder:
         snapshot_every: int = 10_000,
         compress_level: int = 6,
         header_config: Mapping[str, object] | None = None,
+        first_seq: int = 0,
+        queue_max_bytes: int = 64 * 1024 * 1024,
+        io_stall_s: float = 10.0,
     ) -> None:
         """``header_config``: the settings each file header records
-        (``Settings.to_wire``); by default ``config``'s with the shell's defaults."""
-        self._seq = 0
-        self._batch: list[tuple[Event, Outcome]] = []
-        self._batch_seq = 0
+        (``Settings.to_wire``); by default ``config``'s with the shell's defaults.
+        ``first_seq``: the number of the first event to come (a recorder that
+        takes over a run; :meth:`resume` says what it starts from)."""
+        self._seq = self._first_seq = first_seq
+        self._batch: list[tuple[Event, Any]] = []
+        self._batch_seq = first_seq
         self._batch_wall_s = 0.0
+        self._batch_bytes = 0
         self._batch_events = batch_events
         self._digest_every = digest_every
         self._next_digest = first_digest_seq(digest_every)
@@ -491,15 +426,14 @@ class EventRecorder:
         self._next_snapshot = snapshot_every if snapshot_every > 0 else -1
         self._warned_snapshot = False
         self.snapshots = 0
-        self.snapshots_here = 0  # of which taken on this thread (the fold was lost)
-        self._lost_seen = 0  # the writer's items_lost when the fold was last (re)started
         self.snapshot_s = 0.0  # time spent taking snapshots (this thread)
         self._writer: EventLogWriter | None = None
         self._encoder: _Encoder | None = None
         if directory is None:
             return
         self._encoder = _Encoder(config, world_size, versions, digest_every, full_outcomes,
-                                 pub_endpoint, engine_index, compress_level, header_config)
+                                 pub_endpoint, engine_index, compress_level, header_config,
+                                 first_seq, queue_max_bytes)
         if prefix is None and engine_index:  # several engines share one directory
             prefix = f"{default_prefix()}-engine{engine_index}"
         self._writer = EventLogWriter(
@@ -517,8 +451,10 @@ class EventRecorder:
             register_atexit=register_atexit,
             pack=self._encoder.pack if compress_level else None,
             batchable=_batchable,
+            item_bytes=_bytes_of,
+            queue_max_bytes=queue_max_bytes,
+            io_stall_s=io_stall_s,
         )
-        self._encoder.pause = self._writer.pause_point
 
     @property
     def enabled(self) -> bool:
@@ -537,25 +473,39 @@ class EventRecorder:
     def pub_dropped(self) -> int:
         return self._encoder.pub_dropped if self._encoder is not None else 0
 
-    def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
-        """Buffer one callback's applied events; enqueue the batch at the end of
-        a scheduler step (and a digest when one is due)."""
+    def pub_stats(self) -> dict[str, int]:
+        """The live stream's counters (written by the writer thread)."""
+        encoder = self._encoder
+        if encoder is None:
+            return {}
+        return {"pub_sent": encoder.pub_sent, "pub_dropped": encoder.pub_dropped,
+                "pub_bind_failed": encoder.pub_bind_failed}
+
+    def record(self, applied: Sequence[tuple[Event, Any]], state: State | None,
+               size_bytes: int = 0) -> None:
+        """Buffer one callback's applied events (each with its outcome, or the
+        form a log keeps of it: ``log.wire.recorded_form``); enqueue the batch
+        at the end of a scheduler step (and a digest when one is due).
+        ``state``: the state after them, for digests and snapshots (None: not
+        known; none is taken). ``size_bytes``: what they weigh against the
+        writer's byte bound."""
         writer = self._writer
         if writer is None or not applied:
             return
+        self._batch_bytes += size_bytes
         end = self._number(writer, applied)
         if end >= self._next_digest > 0:
-            self._next_digest = next_digest_seq(end, self._digest_every, state)
-            self._flush_batch(writer)
-            if self._writer_folds(writer):
-                writer.append((DIGEST, end - 1, time.time(), None, state_summary(state)))
+            if state is None:
+                self._next_digest = end + self._digest_every
             else:
-                writer.append((DIGEST, end - 1, time.time(), state_digest(state), None))
+                self._next_digest = next_digest_seq(end, self._digest_every, state)
+                self._flush_batch(writer)
+                writer.append((DIGEST, end - 1, time.time(), state_digest(state)))
         if self._batch or self._rejected:
             return
         if writer.rotation_due:
             self._rotate(writer, state)
-        elif end >= self._next_snapshot > 0:
+        elif end >= self._next_snapshot > 0 and state is not None:
             item = self._snapshot(writer, state, periodic=True)
             if item is not None:
                 writer.append(item)
@@ -571,10 +521,6 @@ class EventRecorder:
         self._next_snapshot = (self._seq + self._snapshot_every if self._snapshot_every > 0
                                else -1)
         item: tuple[Any, ...] | None
-        if self._writer_folds(writer):  # the writer takes it from its fold
-            return (SNAPSHOT, self._seq, now, None, None, state.step_index, periodic)
-        self.snapshots_here += 1
-        self._lost_seen = writer.items_lost
         try:
             item = (SNAPSHOT, self._seq, now, state_digest(state), snapshot.to_wire(state),
                     state.step_index, periodic)
@@ -587,26 +533,19 @@ class EventRecorder:
         self.snapshot_s += time.perf_counter() - started
         return item
 
-    def _writer_folds(self, writer: EventLogWriter) -> bool:
-        """Can the writer's fold give the state at the next item? Not once it
-        lost events (it says so; or the queue dropped some since it was last
-        restarted) or while the disk fails (resuming needs this thread's)."""
-        encoder = self._encoder
-        return (encoder is not None and encoder.fold_ok and not writer.broken
-                and writer.items_lost == self._lost_seen)
-
-    def _rotate(self, writer: EventLogWriter, state: State) -> None:
-        """At a batch boundary: the next file starts with a snapshot of ``state``."""
-        item = self._snapshot(writer, state)
+    def _rotate(self, writer: EventLogWriter, state: State | None) -> None:
+        """At a batch boundary: the next file starts with a snapshot of
+        ``state`` (None: without one; that file needs the ones before it)."""
+        item = self._snapshot(writer, state) if state is not None else None
         if writer.rotate(item) and item is not None:
             self.snapshots += 1
 
     def record_rejected(
         self,
-        applied: Sequence[tuple[Event, Outcome]],
+        applied: Sequence[tuple[Event, Any]],
         event: Event,
         reason: str,
-        state: State,
+        state: State | None,
     ) -> None:
         """Record a callback whose ``drive`` failed: ``applied`` (what applied
         before the failure, ``StepFailed.applied``), then ``event`` rejected
@@ -623,7 +562,7 @@ class EventRecorder:
         self._rejected = True
         writer.append((REJECTED, seq, time.time(), event, reason))
 
-    def _number(self, writer: EventLogWriter, applied: Sequence[tuple[Event, Outcome]]) -> int:
+    def _number(self, writer: EventLogWriter, applied: Sequence[tuple[Event, Any]]) -> int:
         """Add ``applied`` to the open batch, enqueue the batch when it closes
         (a step, or ``batch_events``); returns the next event's ``seq``."""
         batch = self._batch
@@ -632,20 +571,55 @@ class EventRecorder:
         batch.extend(applied)
         self._seq = end = self._seq + len(applied)
         if closes_batch(applied, len(batch), self._batch_events):
-            writer.append((INPUTS, self._batch_seq, self._batch_wall_s, batch))
-            self._batch = []
-            self._batch_seq = end
+            self._flush_batch(writer)
         return end
 
     def _flush_batch(self, writer: EventLogWriter) -> None:
         if self._batch:
-            writer.append((INPUTS, self._batch_seq, self._batch_wall_s, self._batch))
+            writer.append((INPUTS, self._batch_seq, self._batch_wall_s, self._batch,
+                           self._batch_bytes))
             self._batch = []
-            self._batch_seq = self._seq
+            self._batch_bytes = 0
+        self._batch_seq = self._seq
 
-    def close(self, state: State | None = None, *, timeout_s: float = 10.0) -> None:
+    def resume(self, seq: int, lost: int, state: State) -> None:
+        """Go on from event ``seq`` with ``state`` (the state before it): the
+        ``lost`` events before it never arrived. The log gets a GAP for them
+        and a snapshot of ``state``: at once in a file this recorder has
+        written nothing to yet, else at the start of the next file."""
+        writer = self._writer
+        if writer is None:
+            return
+        fresh = self._seq == self._first_seq and not self._batch and \
+            writer.items_written == 0 and writer.queue_len == 0
+        self._flush_batch(writer)
+        if lost:
+            writer.append((GAP, lost, seq - lost))
+        self._seq = self._batch_seq = seq
+        self._rejected = False
+        if fresh:
+            item = self._snapshot(writer, state)
+            if item is not None:
+                writer.append(item)
+                self.snapshots += 1
+        else:
+            self._rotate(writer, state)
+
+    def lose(self, first_seq: int, end_seq: int) -> None:
+        """Events ``first_seq`` up to ``end_seq`` never arrived (a GAP says so)."""
+        writer = self._writer
+        if writer is None or end_seq <= first_seq:
+            return
+        self._flush_batch(writer)
+        writer.append((GAP, end_seq - first_seq, first_seq))
+        self._seq = self._batch_seq = end_seq
+        self._rejected = True  # the state after the loss is unknown: no digest follows
+
+    def close(self, state: State | None = None, *, timeout_s: float = 10.0,
+              vanished: str = "") -> None:
         """Write END (with the final digest if ``state`` is given and no event
-        was rejected), flush, close; wait at most ``timeout_s`` for the writer
+        was rejected), or, with ``vanished``, a VANISHED record saying why the
+        engine is gone; flush, close; wait at most ``timeout_s`` for the writer
         (it warns if it is still writing then, and goes on in the background)."""
         writer = self._writer
         if writer is None:
@@ -663,7 +637,10 @@ class EventRecorder:
             now = time.time()
             if state is not None:
                 writer.append((INDEX, self._seq, now, state.step_index))
-            writer.append((END, self._seq, now, digest))
+            if vanished:
+                writer.append((VANISHED, self._seq, now, vanished))
+            else:
+                writer.append((END, self._seq, now, digest))
         finally:  # whatever failed above, what is queued reaches the disk
             writer.close(timeout_s)
             if self._encoder is not None:

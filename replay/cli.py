@@ -148,6 +148,7 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
         "first_seq": result.first_seq,
         "snapshots_loaded": result.snapshots_loaded,
         "ended_cleanly": result.ended_cleanly,
+        "vanished": result.vanished,
         "divergence": None if divergence is None else {
             "seq": divergence.seq, "kind": divergence.kind,
             "event": repr(divergence.event), "expected": repr(divergence.expected),
@@ -185,7 +186,10 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               file=out)
     print(f"{result.events_applied} events replayed from {result.records} records, "
           f"{result.digests_checked} digests checked"
-          + (", clean end" if result.ended_cleanly else ", no END record"), file=out)
+          + (", clean end" if result.ended_cleanly else
+             ", no END record" if not result.vanished else ""), file=out)
+    if result.vanished:
+        print(result.vanished, file=out)
     for seq in result.snapshots_loaded:
         print(f"started from the snapshot before event {seq}"
               + (" (the files before it are missing)" if seq == result.first_seq else

@@ -95,6 +95,7 @@ def replay_parallel(path: str | os.PathLike[str], *, prefix: str | None = None,
         merged.snapshots_checked += result.snapshots_checked
         merged.damage.extend(result.damage)
         merged.ended_cleanly = result.ended_cleanly
+        merged.vanished = result.vanished
         if index == 0:
             merged.first_seq = result.first_seq
             merged.lost.extend(result.lost)

@@ -53,6 +53,7 @@ from offload_fsm.log.records import (
     LogRecord,
     Rejected,
     Snapshot,
+    Vanished,
 )
 from offload_fsm.log.wire import outcome_check, outcome_wire
 from offload_fsm.machine import step
@@ -124,6 +125,7 @@ class ReplayResult:
     lost: list[str] = attrs.Factory(list)  # gaps in the event sequence
     stopped: str = ""  # why folding stopped early ("" = it reached the end)
     ended_cleanly: bool = False
+    vanished: str = ""  # the recorder's word that the engine died (a VANISHED record)
     first_seq: int = 0  # the first event replayed (a snapshot's, when earlier files are gone)
     snapshots_loaded: list[int] = attrs.Factory(list)  # seq of each snapshot folding started at
     snapshots_checked: int = 0
@@ -286,6 +288,8 @@ class _Fold:
         """Past the stop, a clean end and the run's own rejection still count."""
         if type(record) is End:
             self.result.ended_cleanly = True
+        elif type(record) is Vanished:
+            self.on_vanished(record)
         elif type(record) is Snapshot and self.resumable:
             self.restore(record)
         elif type(record) is Header:
@@ -384,6 +388,10 @@ class _Fold:
         self.result.ended_cleanly = True
         self.on_digest(record)
 
+    def on_vanished(self, record: Vanished) -> None:
+        self.result.vanished = (f"the engine vanished after event {record.seq - 1}; its "
+                                f"recorder closed the log ({record.reason})")
+
     def on_gap(self, record: Gap) -> None:
         if self.schema >= 3:  # a schema 3 GAP counts events, from the first lost one
             last = record.seq + record.lost_count - 1
@@ -430,5 +438,6 @@ _ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
     Gap: _Fold.on_gap,
     Rejected: _Fold.on_rejected,
     Snapshot: _Fold.on_snapshot,
+    Vanished: _Fold.on_vanished,
     Index: lambda fold, record: None,  # for seeking (replay.seek), nothing to check
 }

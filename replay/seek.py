@@ -37,7 +37,17 @@ from offload_fsm.log.compact import requests_of
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Damage, scan_stream
 from offload_fsm.log.peek import payload_kind
-from offload_fsm.log.records import END, HEADER, INDEX, SNAPSHOT, Header, Index, Inputs, Snapshot
+from offload_fsm.log.records import (
+    END,
+    HEADER,
+    INDEX,
+    SNAPSHOT,
+    VANISHED,
+    Header,
+    Index,
+    Inputs,
+    Snapshot,
+)
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -93,7 +103,7 @@ def segments(path: str | os.PathLike[str], prefix: str | None = None,
                     index = _try(decoder, item.payload)
                     if isinstance(index, Index) and index.seq == out[-1].seq:
                         candidates[id(out[-1])] = index
-                elif kind == END:
+                elif kind == END or kind == VANISHED:
                     seq = _peek_seq(item.payload)
                     if seq is not None:
                         ends.append(seq)

@@ -16,7 +16,17 @@ from collections.abc import Callable
 
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, scan
-from offload_fsm.log.records import PUB_TOPIC, Digest, End, Gap, Header, Inputs, LogRecord, Rejected
+from offload_fsm.log.records import (
+    PUB_TOPIC,
+    Digest,
+    End,
+    Gap,
+    Header,
+    Inputs,
+    LogRecord,
+    Rejected,
+    Vanished,
+)
 from offload_fsm.vocabulary.errors import LogCorrupt
 
 
@@ -35,6 +45,8 @@ def describe(record: LogRecord) -> str:
     if isinstance(record, Rejected):
         return (f"seq {record.seq} REJECTED {type(record.event).__name__}: "
                 f"{record.reason}")
+    if isinstance(record, Vanished):
+        return f"seq {record.seq} the engine vanished ({record.reason})"
     if isinstance(record, End):
         return f"seq {record.seq} end ({record.events_total} events, digest {record.digest})"
     assert isinstance(record, Header)

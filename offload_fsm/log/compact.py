@@ -40,7 +40,7 @@ from operator import is_not
 from typing import Any, Final
 
 from offload_fsm.log.records import INPUTS
-from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, packb
+from offload_fsm.log.wire import TO_WIRE, OutcomeWire, packb, recorded_form
 from offload_fsm.vocabulary.commands import ReadHashes
 from offload_fsm.vocabulary.errors import LogCorrupt
 from offload_fsm.vocabulary.events import Event
@@ -363,7 +363,7 @@ def requests_of(wire: tuple[Any, ...]) -> Iterator[str]:
 def encode_compact_inputs(
     seq: int,
     wall_ms: int,
-    applied: Iterable[tuple[Event, Outcome]],
+    applied: Iterable[tuple[Event, Outcome | OutcomeWire | int]],
     context: WireContext,
     requests: set[str] | None,
     *,
@@ -385,8 +385,9 @@ def encode_compact_inputs(
             append(compact(wire))
         if requests is not None and len(requests) < MAX_INDEX_REQUESTS:
             requests.update(requests_of(wire))
-        append(outcome_wire(outcome) if full_outcomes else outcome_check(outcome))
-        for command in outcome.commands:
-            if type(command) is ReadHashes:
-                read_ids[command.batch_id] = command.block_ids
+        append(recorded_form(outcome, full_outcomes))
+        if type(outcome) is Outcome:  # a recorded form alone: its HashesRead stays whole
+            for command in outcome.commands:
+                if type(command) is ReadHashes:
+                    read_ids[command.batch_id] = command.block_ids
     return packb(items)

@@ -37,6 +37,7 @@ from offload_fsm.log.records import (
     SCHEMA_VERSION,
     SNAPSHOT,
     UPCASTERS,
+    VANISHED,
     Digest,
     End,
     Gap,
@@ -46,6 +47,7 @@ from offload_fsm.log.records import (
     LogRecord,
     Rejected,
     Snapshot,
+    Vanished,
 )
 from offload_fsm.log.snapshot_pack import KeysOf, LazyState
 from offload_fsm.log.wire import ENUM_FIELDS, FIELD_NAMES
@@ -177,6 +179,10 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
             total, digest = item[3:]
             return End(seq=seq, wall_time_s=created_s + wall / 1000.0, events_total=total,
                        digest=digest)
+        if kind == VANISHED:
+            total, reason = item[3:]
+            return Vanished(seq=seq, wall_time_s=created_s + wall / 1000.0,
+                            events_total=total, reason=reason)
         if kind == REJECTED:
             event, reason = item[3:]
             return Rejected(seq=seq, wall_time_s=created_s + wall / 1000.0,

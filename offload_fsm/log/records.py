@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 5).
+"""Event-log record format: envelopes around pure domain facts (schema 6).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``log.decode`` turns bytes
@@ -23,6 +23,8 @@ SNAPSHOT    7    ``digest, state``: the whole state before event ``seq`` (added 
 BATCH       8    ``data``: payloads of the kinds above, deflated (schema 4, ``log.compact``)
 INDEX       9    ``first_step, end_seq, end_step, requests[, key]``: the segment from
                  event ``seq`` (schema 4, ``key`` schema 5; see :class:`Index`)
+VANISHED    10   ``events_total, reason``: the engine died without a clean shutdown;
+                 its recorder wrote what it had received and closed the log (schema 6)
 ==========  ===  =====================================================================
 
 A SNAPSHOT is ``log.snapshot.to_wire(state)`` with its ``digest.state_digest``. The
@@ -79,10 +81,9 @@ import attrs
 from offload_fsm.log.wire import (
     TO_WIRE,
     OutcomeWire,
-    outcome_check,
-    outcome_wire,
     pack_array_header,
     packb,
+    recorded_form,
     to_wire,
 )
 from offload_fsm.vocabulary.events import Event
@@ -90,6 +91,7 @@ from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = [
     "END",
+    "VANISHED",
     "DIGEST",
     "GAP",
     "HEADER",
@@ -104,6 +106,7 @@ __all__ = [
     "Index",
     "Digest",
     "End",
+    "Vanished",
     "Gap",
     "Header",
     "Inputs",
@@ -112,6 +115,7 @@ __all__ = [
     "Snapshot",
     "encode_digest",
     "encode_end",
+    "encode_vanished",
     "encode_gap",
     "encode_header",
     "encode_index",
@@ -121,7 +125,7 @@ __all__ = [
     "encode_snapshot",
 ]
 
-SCHEMA_VERSION: Final[int] = 5
+SCHEMA_VERSION: Final[int] = 6
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
@@ -132,6 +136,7 @@ REJECTED: Final[int] = 6  # added in schema 2
 SNAPSHOT: Final[int] = 7  # added in schema 3
 BATCH: Final[int] = 8  # added in schema 4
 INDEX: Final[int] = 9  # added in schema 4
+VANISHED: Final[int] = 10  # added in schema 6
 
 PUB_TOPIC: Final[bytes] = b"lolog"
 """The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
@@ -157,11 +162,17 @@ def _upcast_v4_v5(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
+def _upcast_v5_v6(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 6 only added the VANISHED kind, which v5 files never contain."""
+    return item
+
+
 UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     1: _upcast_v1_v2,
     2: _upcast_v2_v3,
     3: _upcast_v3_v4,
     4: _upcast_v4_v5,
+    5: _upcast_v5_v6,
 }
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""
@@ -223,6 +234,17 @@ class End:
 
 
 @attrs.frozen(kw_only=True)
+class Vanished:
+    """The engine died without a clean shutdown (killed, say): the recorder
+    wrote every event it had received, ``events_total`` in all, and this."""
+
+    seq: int  # events recorded in total
+    wall_time_s: float
+    events_total: int
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
 class Rejected:
     """The core rejected ``event``, which was given number ``seq``; nothing
     was applied after it (the machine is poisoned)."""
@@ -273,7 +295,7 @@ class Index:
     key: int | None = None
 
 
-LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index
+LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index | Vanished
 
 
 # --------------------------------------------------------------------------
@@ -314,7 +336,7 @@ def encode_inputs(
     append = items.append
     for event, outcome in applied:
         append(table[type(event)](event))
-        append(outcome_wire(outcome) if full_outcomes else outcome_check(outcome))
+        append(recorded_form(outcome, full_outcomes))
     return packb(items)
 
 
@@ -328,6 +350,10 @@ def encode_gap(seq: int, wall_ms: int, lost_count: int) -> bytes:
 
 def encode_end(seq: int, wall_ms: int, events_total: int, digest: str) -> bytes:
     return packb((END, seq, wall_ms, events_total, digest))
+
+
+def encode_vanished(seq: int, wall_ms: int, events_total: int, reason: str) -> bytes:
+    return packb((VANISHED, seq, wall_ms, events_total, reason))
 
 
 def encode_rejected(seq: int, wall_ms: int, event: Event, reason: str) -> bytes:

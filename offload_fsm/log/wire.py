@@ -48,6 +48,7 @@ __all__ = [
     "outcome_wire",
     "pack_array_header",
     "packb",
+    "recorded_form",
     "to_wire",
     "unpackb",
     "wire_check",
@@ -179,6 +180,15 @@ def outcome_check(outcome: Outcome) -> int:
     if not outcome.decisions and not outcome.commands:
         return 0
     return _crc32(packb(outcome_wire(outcome))) or 1
+
+
+def recorded_form(outcome: Outcome | OutcomeWire | int, full: bool) -> OutcomeWire | int:
+    """What an INPUTS record keeps of an outcome: its wire form (``full``) or
+    its check. An outcome already in that form (the engine's hand-off sends
+    it so) is kept as it is."""
+    if type(outcome) is Outcome:
+        return outcome_wire(outcome) if full else outcome_check(outcome)
+    return outcome  # type: ignore[return-value]
 
 
 def wire_check(value: OutcomeWire) -> int:

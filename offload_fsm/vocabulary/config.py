@@ -20,7 +20,9 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_max_drain_per_step`` ``64``            integer >= 1 (EA)
 ``lmcache.mp.lazy_offload_max_deferral_seconds`` ``0``           finite number >= 0 (EA)
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
-``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5600``
+``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      loopback tcp:// or ipc://
+``lmcache.mp.lazy_offload_log_pub_allow_remote`` ``false``       JSON boolean (any address)
+``lmcache.mp.lazy_offload_log_budget_mib``     ``64``            finite number > 0
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
@@ -139,6 +141,11 @@ class ShellConfig:
     # files deleted first, never the file being written) and the rotation size.
     log_max_total_mib: float = 1024.0
     log_max_file_mib: float = 64.0
+    # The bytes of events handed to the recorder process and not yet taken
+    # in, on the engine's side; and what the recorder's writer may queue.
+    log_budget_mib: float = 64.0
+    # The live stream binds loopback or ipc:// only, unless this says otherwise.
+    log_pub_allow_remote: bool = False
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -267,6 +274,8 @@ _KEYS: Final[dict[str, tuple[str, str, Callable[[str, object], object]]]] = {
     f"{PREFIX}_cascade_lookahead_blocks": (
         "offload", "cascade_lookahead_blocks",
         lambda k, v: _integer(k, v, minimum=0, allowed="an integer >= 0 (0: read once a round)")),
+    f"{PREFIX}_log_budget_mib": ("shell", "log_budget_mib", _at_least(0.0, inclusive=False)),
+    f"{PREFIX}_log_pub_allow_remote": ("shell", "log_pub_allow_remote", _bool),
 }
 
 # Keys a log header may lack because it was recorded before they existed: the
@@ -298,10 +307,35 @@ def _validate(config: OffloadConfig | ShellConfig) -> None:
             kind = type(parsed).__name__
             raise ConfigError(name, value, f"a value of type {kind} (parse_config takes"
                               " strings; the config records take typed values)")
-    if isinstance(config, ShellConfig) and config.log_max_file_mib > config.log_max_total_mib:
+    if not isinstance(config, ShellConfig):
+        return
+    if config.log_max_file_mib > config.log_max_total_mib:
         raise ConfigError("log_max_file_mib", config.log_max_file_mib,
                           f"at most {PREFIX}_log_max_total_mib ({config.log_max_total_mib:g}):"
                           " a file is never deleted while it is written")
+    endpoint = config.log_pub_endpoint
+    if endpoint and not config.log_pub_allow_remote and not is_local_endpoint(endpoint):
+        raise ConfigError("log_pub_endpoint", endpoint,
+                          "a loopback endpoint (tcp://127.0.0.1:PORT, tcp://[::1]:PORT, "
+                          "tcp://localhost:PORT) or ipc://PATH: the stream has no "
+                          "authentication; to publish on this address anyway set "
+                          f"{PREFIX}_log_pub_allow_remote to true")
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """Whether a ZeroMQ endpoint is reachable from this host only: ``ipc://``,
+    or ``tcp://`` on a loopback address."""
+    if endpoint.startswith("ipc://"):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rpartition(":")[0]
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if host in ("localhost", "::1"):
+        return True
+    parts = host.split(".")
+    return (len(parts) == 4 and parts[0] == "127"
+            and all(part.isdigit() and int(part) < 256 for part in parts))
 
 
 def parse_config(extra_config: Mapping[str, object]) -> Settings:

@@ -274,8 +274,11 @@ def test_default_prefix_and_no_clobber(tmp_path: Path) -> None:
     name = w.files[0].name
     assert name.endswith("-000000.lolog")
     assert str(os.getpid()) in name
-    with pytest.raises(FileExistsError):
-        _writer(tmp_path, prefix=w.prefix)
+    before = w.files[0].read_bytes()
+    again = _writer(tmp_path, prefix=w.prefix)  # never clobbers: it goes on after
+    again.close()
+    assert again.files[0].name.endswith("-000001.lolog")
+    assert w.files[0].read_bytes() == before
 
 
 def test_atexit_flushes_on_interpreter_exit(tmp_path: Path) -> None:
@@ -401,116 +404,83 @@ def test_items_queued_just_before_close_are_written(
     assert not any("during close" in m for m in warn.messages), warn.messages
 
 
-class _Clock:
-    """``pause_point``'s clock and sleep: each sleep advances the clock by
-    ``step_s`` and runs ``on_sleep`` (a test's way to end a busy spell)."""
-
-    def __init__(self, step_s: float, on_sleep: object = None) -> None:
-        self.now = 100.0
-        self.step_s = step_s
-        self.sleeps = 0
-        self.on_sleep = on_sleep
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        self.now += self.step_s
-        if callable(self.on_sleep):
-            self.on_sleep(self.sleeps)
+def _weight(item: object) -> int:
+    return int(item.get("bytes", 0)) if isinstance(item, dict) else 0
 
 
-def _paused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: _Clock, *,
-            producer_calls: int, queued: int = 0, queue_max_items: int = 8,
-            handoff_at: float = 1e9) -> EventLogWriter:
-    """A writer whose ``pause_point`` runs on this thread, on ``clock``."""
-    from connector import eventlog
-
-    w = _writer(tmp_path, queue_max_items=queue_max_items)
-    assert w.close()  # its thread is gone: nothing else touches the queue
-    w._closing = False
-    monkeypatch.setattr(eventlog, "_clock", clock.clock)
-    monkeypatch.setattr(eventlog, "_sleep", clock.sleep)
-    w._writer_ident = threading.get_ident()  # as if this were the writer thread
-    w._handoff_at = handoff_at
-    w.producer_calls = producer_calls
-    w._queue.extend({"i": i} for i in range(queued))
-    return w
-
-
-def test_pause_point_stands_back_while_the_producer_is_busy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector import eventlog
-
-    holder: list[EventLogWriter] = []
-
-    def call_ends(sleeps: int) -> None:
-        if sleeps == 3:
-            holder[0].producer_calls = 0
-
-    clock = _Clock(0.001, call_ends)
-    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1)
-    holder.append(w)
-    w.pause_point()
-    assert clock.sleeps == 3  # until the producer's call ended
-    assert w._handoff_at == clock.now + eventlog._SLICE_S
-
-
-def test_pause_point_stands_back_for_a_bounded_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector import eventlog
-
-    clock = _Clock(0.001)
-    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1)
-    w.pause_point()  # the producer stays busy: the writer goes on after _STAND_BACK_S
-    assert clock.sleeps == round(eventlog._STAND_BACK_S / 0.001)
-
-
-def test_pause_point_works_through_a_busy_producer_when_half_full(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock(0.001)
-    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=4, queue_max_items=8)
-    w.pause_point()  # 4 of 8 queued: standing back could let the bound drop events
-    assert clock.sleeps == 0
-
-
-def test_pause_point_hands_the_gil_over_after_a_slice(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector import eventlog
-
-    clock = _Clock(0.001)
-    w = _paused(tmp_path, monkeypatch, clock, producer_calls=0, handoff_at=100.0 + 1e-3)
-    w.pause_point()  # the slice is not used up
-    assert clock.sleeps == 0
-    clock.now += 0.002
-    w.pause_point()  # now it is: one sleep, and a new slice
-    assert clock.sleeps == 1
-    assert w._handoff_at == clock.now + eventlog._SLICE_S
-
-
-def test_pause_point_never_sleeps_on_another_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock(0.001)
-    w = _paused(tmp_path, monkeypatch, clock, producer_calls=1, queued=1, handoff_at=0.0)
-    w._writer_ident = -1  # this thread is not the writer (the producer encodes a header)
-    w.pause_point()
-    assert clock.sleeps == 0
-
-
-def test_a_busy_producer_loses_nothing(tmp_path: Path) -> None:
-    """The writer thread itself, standing back while ``producer_calls`` is
-    held: every item is still written, in order, once the producer is done
-    (and close() writes through a producer that never finishes)."""
-    w = _writer(tmp_path, queue_max_items=64)
-    w.producer_calls = 1
-    for i in range(20):
-        w.append({"i": i})
-    time.sleep(0.05)
-    w.producer_calls = 0
-    for i in range(20, 40):
-        w.append({"i": i})
-    w.producer_calls = 1  # and busy again at close
+def test_the_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """Items that weigh more than ``queue_max_bytes`` together are dropped
+    and counted, whatever the item bound; the gap marker says how many."""
+    enc = BlockingEncoder()
+    warns = Warnings()
+    w = _writer(tmp_path, warns, encode=enc, queue_max_items=1000, item_bytes=_weight,
+                queue_max_bytes=100)
+    enc.hold_writer(w, {"i": 0})
+    for i in range(1, 4):  # 40 + 40 fit; the third does not
+        w.append({"i": i, "bytes": 40})
+    assert w.items_lost == 1
+    assert "100 bytes" in warns.messages[0]
+    enc.drain(w)
+    w.append({"i": 4, "bytes": 40})
     assert w.close()
-    assert _read(w.files[0])[1:] == [{"i": i} for i in range(40)]
-    assert w.items_lost == 0
+    assert _read(w.files[0])[2:] == [{"i": 1, "bytes": 40}, {"i": 2, "bytes": 40},
+                                     {"kind": "gap", "lost": 1}, {"i": 4, "bytes": 40}]
+
+
+class _HangingFile:
+    """A file whose writes hang until released (a hung mount)."""
+
+    def __init__(self, real: object, release: threading.Event, entered: threading.Event,
+                 hang_after: int) -> None:
+        self._real = real
+        self._release = release
+        self._entered = entered
+        self._writes = 0
+        self._hang_after = hang_after
+
+    def write(self, data: bytes) -> int:
+        self._writes += 1
+        if self._writes > self._hang_after:
+            self._entered.set()
+            assert self._release.wait(10)
+        return self._real.write(data)  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def test_a_write_that_hangs_sends_the_writer_to_broken_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that has not returned after ``io_stall_s``: the producer's
+    next append turns the writer broken (one warning), and what comes is
+    dropped and counted instead of queued behind the hung write."""
+    import connector.eventlog as eventlog
+
+    release, entered = threading.Event(), threading.Event()
+    real_open = eventlog._open
+    monkeypatch.setattr(eventlog, "_open", lambda *a, **k: _HangingFile(
+        real_open(*a, **k), release, entered, hang_after=1))  # the header goes through
+    warns = Warnings()
+    w = _writer(tmp_path, warns, io_stall_s=0.2, flush_bytes=1, item_bytes=_weight)
+    try:
+        w.append({"i": 0})
+        assert entered.wait(10)
+        assert not w.broken
+        time.sleep(0.3)
+        w.append({"i": 1})
+        assert w.broken
+        assert any("has not returned for 0.2 s" in m for m in warns.messages), warns.messages
+    finally:
+        release.set()
+        w.close()
+    assert w.items_lost >= 1
+
+
+def test_a_writer_that_takes_over_a_prefix_goes_on_after_its_files(tmp_path: Path) -> None:
+    first = _writer(tmp_path, prefix="run")
+    first.append({"i": 0})
+    assert first.close()
+    second = _writer(tmp_path, prefix="run")
+    second.append({"i": 1})
+    assert second.close()
+    assert [p.name for p in run_files(tmp_path)] == ["run-000000.lolog", "run-000001.lolog"]

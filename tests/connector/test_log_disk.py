@@ -422,9 +422,9 @@ def test_a_real_full_tmpfs(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def make_recorder() -> Any:
-    from connector.lmcache_connector import _make_recorder
+    from connector.lmcache_connector import _make_handoff
 
-    return _make_recorder
+    return _make_handoff
 
 
 def _unwritable(tmp_path: Path) -> Path:
@@ -460,14 +460,27 @@ def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
     assert "serving continues without an event log" in record.getMessage()
 
 
-def test_a_writable_log_dir_gets_the_configured_bounds(tmp_path: Path,
-                                                       make_recorder: Any) -> None:
+def test_a_writable_log_dir_gets_the_configured_bounds(
+        tmp_path: Path, make_recorder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import connector.lmcache_connector as module
+
+    specs: list[dict[str, Any]] = []
+
+    def launcher(spec: dict[str, Any]) -> Any:
+        specs.append(spec)
+
+        def launch() -> Any:
+            raise OSError("not started in this test")
+        return launch
+
+    monkeypatch.setattr(module, "launcher", launcher)
     settings = Settings(shell=ShellConfig(enabled=True, log_dir=str(tmp_path / "logs"),
-                                          log_max_total_mib=2.0, log_max_file_mib=0.5))
-    recorder = make_recorder(settings, 1)
-    try:
-        writer = recorder.writer
-        assert writer._max_file_bytes == 512 * 1024
-        assert writer._max_total_bytes == 2 * 1024 * 1024
-    finally:
-        recorder.close()
+                                          log_max_total_mib=2.0, log_max_file_mib=0.5,
+                                          log_budget_mib=3.0))
+    handoff = make_recorder(settings, 1)
+    assert handoff is not None and (tmp_path / "logs").is_dir()
+    (spec,) = specs
+    assert spec["max_file_bytes"] == 512 * 1024
+    assert spec["max_total_bytes"] == 2 * 1024 * 1024
+    assert spec["budget_bytes"] == 3 * 1024 * 1024
+    assert spec["header_config"] == settings.to_wire()

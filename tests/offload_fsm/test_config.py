@@ -346,7 +346,7 @@ def test_a_bad_chunk_split_value_names_key_value_and_allowed(value: object) -> N
 
 def test_the_core_record_holds_only_what_the_core_reads() -> None:
     shell_only = {"enabled", "log_dir", "log_pub_endpoint", "log_max_total_mib",
-                  "log_max_file_mib"}
+                  "log_max_file_mib", "log_budget_mib", "log_pub_allow_remote"}
     assert set(attrs.fields_dict(OffloadConfig)) & shell_only == set()
     assert set(attrs.fields_dict(ShellConfig)) == shell_only
 
@@ -359,3 +359,30 @@ def test_a_header_records_every_key_and_parses_back() -> None:
     wire = settings.to_wire()
     assert tuple(wire) == KNOWN_KEYS
     assert parse_recorded_config(wire) == settings
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5600", "tcp://127.9.0.1:1",
+                                      "tcp://localhost:5600", "tcp://[::1]:5600",
+                                      "ipc:///tmp/lazy-offload.sock", ""])
+def test_a_local_stream_endpoint_is_accepted(endpoint: str) -> None:
+    assert parse_config({f"{P}_log_pub_endpoint": endpoint}).shell.log_pub_endpoint == endpoint
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://*:5600", "tcp://0.0.0.0:5600",
+                                      "tcp://10.0.0.7:5600", "tcp://example.com:5600",
+                                      "tcp://127.0.0.1.evil:5600", "inproc://x", "pgm://x"])
+def test_a_remote_stream_endpoint_is_refused_naming_the_opt_in_key(endpoint: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config({f"{P}_log_pub_endpoint": endpoint})
+    assert raised.value.key == f"{P}_log_pub_endpoint" and raised.value.value == endpoint
+    assert f"{P}_log_pub_allow_remote" in str(raised.value)
+    allowed = parse_config({f"{P}_log_pub_endpoint": endpoint,
+                            f"{P}_log_pub_allow_remote": True})
+    assert allowed.shell.log_pub_endpoint == endpoint
+
+
+def test_the_hand_off_budget_defaults_to_64_mib_and_refuses_nonsense() -> None:
+    assert parse_config({}).shell.log_budget_mib == 64.0
+    for value in (0, -1, math.nan, "lots", True):
+        with pytest.raises(ConfigError, match="log_budget_mib"):
+            parse_config({f"{P}_log_budget_mib": value})

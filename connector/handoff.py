@@ -1,0 +1,430 @@
+"""The engine's side of the event log: number, pack, hand off; nothing more.
+
+vLLM's engine process pays for the log only here. Everything else (the fold
+that checks and snapshots, digests, compaction, compression, framing,
+rotation, retention, the index, the live stream) runs in a recorder process
+of its own (``connector.recorder``) that this side starts and supervises
+(``connector.supervisor``).
+
+Contract towards the caller (vLLM's scheduler thread)
+-----------------------------------------------------
+* :meth:`Handoff.record` takes what ``offload_fsm.drive`` returned and the
+  state after it. It numbers the events (``seq`` from 0, no holes) and packs
+  each with its outcome's check (``log.wire.outcome_check``; the outcome's
+  wire form with ``full_outcomes``) into msgpack bytes at once, so no event
+  object outlives the callback. The callback that closes a batch
+  (``log.layout.closes_batch``) sends the batch as one STEP message.
+* It never blocks and never raises because of the log. A message is sent
+  with ``zmq.NOBLOCK`` over ``ipc://``: ZeroMQ's I/O thread moves it without
+  the engine thread's GIL.
+* Bounded in bytes: the bytes sent and not yet acknowledged by the recorder
+  (held by ZeroMQ on either side and by the recorder's writer queue) never
+  exceed ``budget_bytes``. A message that does not fit, or any message while
+  the recorder is dead or stalled, is dropped and its events counted: an
+  *outage*. One warning per outage, and the counters (:attr:`stats`).
+* When the recorder is back (acknowledging again, or restarted after it
+  died, with backoff), the next batch boundary ends the outage: a RESUME
+  message with the number of events lost since the first one the recorder
+  never acknowledged and a snapshot of the live state, from which the
+  recorder restarts its fold; its log says GAP, then the snapshot.
+* :meth:`close` hands END to the recorder and returns at once. At the
+  interpreter's exit (:func:`atexit`) the engine waits at most
+  ``end_wait_s`` for the recorder to acknowledge END, so the END lands when
+  vLLM stops normally within its 5 s grace.
+
+Messages (msgpack arrays; see ``connector.recorder`` for what each becomes):
+
+======  =====================================================================
+kind    fields
+======  =====================================================================
+START   ``seq, wall_s, lost_events, snapshot`` (None: a fresh state at seq 0)
+STEP    ``seq, wall_s, summary, callbacks``: each callback a flat list
+        ``[event_wire, recorded, ...]``; ``summary`` (``state_summary``)
+        where a digest is due, else None
+REJECT  ``seq, wall_s, callback, event_wire, reason``: the poison path; the
+        callback's events from ``seq`` applied, the next one was rejected
+END     ``seq, wall_s, summary, lost_from``: ``summary`` None when the state
+        is not worth a digest; ``lost_from`` the first event of an outage
+        still open (None: none)
+======  =====================================================================
+
+The recorder answers ACK ``(ACK, bytes_total, stats)`` (what it has taken
+in, in bytes, and about once a second its writer's counters) and, when its
+fold disagreed with a recorded outcome, RESYNC: the next batch boundary
+sends a START with a snapshot of the live state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
+
+import attrs
+
+from offload_fsm.log import snapshot
+from offload_fsm.log.layout import closes_batch, first_digest_seq, next_digest_seq
+from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, pack_array_header, packb
+from offload_fsm.state import State
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
+
+__all__ = ["ACK", "END", "REJECT", "RESYNC", "START", "STEP", "Handoff", "HandoffStats",
+           "Link", "state_summary"]
+
+START: Final = 1
+STEP: Final = 2
+REJECT: Final = 3
+END: Final = 4
+ACK: Final = 1
+RESYNC: Final = 2
+
+
+def state_summary(state: State) -> tuple[Any, ...]:
+    """An O(1) summary of ``state`` (sizes, id counters, counters), which the
+    recorder's fold must match at the same ``seq``: a live state changed
+    outside ``step`` shows."""
+    return (state.step_index, state.next_op_id, state.next_batch_id, len(state.requests),
+            len(state.batches), len(state.pins), len(state.stored_keys),
+            state.stored_keys_xor, state.free_blocks, state.closed,
+            tuple(state.counters.values()))
+
+
+class Link(Protocol):
+    """One recorder process and the socket to it (``connector.supervisor``)."""
+
+    def send(self, message: bytes) -> bool:
+        """Hand ``message`` over without blocking; False if it could not be."""
+
+    def replies(self) -> list[tuple[Any, ...]]:
+        """The recorder's messages that arrived, without blocking."""
+
+    def exit_code(self) -> int | None:
+        """None while the process runs."""
+
+    def close(self) -> None:
+        """Drop the socket (unsent messages are lost) and let the process go."""
+
+
+@attrs.define(kw_only=True)
+class HandoffStats:
+    """Counters for ``/metrics`` and the log lines."""
+
+    events_lost: int = 0  # numbered but never confirmed in the recorder's hands
+    outages: int = 0
+    recorder_restarts: int = 0
+    bytes_in_flight: int = 0
+    bytes_in_flight_max: int = 0
+
+
+class Handoff:
+    """See the module docstring. ``launch`` starts a recorder and returns its
+    link (it raises when it cannot); ``clock`` is monotonic seconds."""
+
+    def __init__(
+        self,
+        launch: Callable[[], Link],
+        *,
+        budget_bytes: int,
+        digest_every: int = 1000,
+        full_outcomes: bool = False,
+        warn: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        liveness_every_s: float = 0.5,
+        backoff_s: tuple[float, float] = (1.0, 60.0),
+        end_wait_s: float = 2.0,
+        register_atexit: bool = True,
+    ) -> None:
+        if budget_bytes < 1:
+            raise ValueError(f"budget_bytes={budget_bytes!r}: expected an integer >= 1")
+        self._launch = launch
+        self._budget = budget_bytes
+        self._digest_every = digest_every
+        self._next_digest = first_digest_seq(digest_every)
+        self._full = full_outcomes
+        self._warn = warn
+        self._clock = clock
+        self._wall = wall_clock
+        self._liveness_every_s = liveness_every_s
+        self._backoff_min_s, self._backoff_max_s = backoff_s
+        self._backoff_s = self._backoff_min_s
+        self._end_wait_s = end_wait_s
+        self.stats = HandoffStats()
+        self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
+        self._seq = 0
+        self._batch: list[bytes] = []  # packed callbacks of the open batch
+        self._batch_events = 0
+        self._batch_seq = 0
+        # The link: bytes handed over and acknowledged, and for each message
+        # not yet acknowledged, the byte total after it and its first seq.
+        self._link: Link | None = None
+        self._sent = 0
+        self._acked = 0
+        self._unacked: deque[tuple[int, int]] = deque()
+        self._lost_from: int | None = None  # in an outage since this seq
+        self._resync = False
+        self._resume_at = 0.0
+        self._restart_at = 0.0
+        self._next_liveness = 0.0
+        self._closed = False
+        self._end_at: int | None = None  # the byte total that acknowledges END
+        now = self._clock()
+        link = self._try_launch(now, first=True)
+        if link is not None and not self._send(link, packb((START, 0, self._wall(), 0, None))):
+            self._outage(0, "the recorder did not take its start")
+        if register_atexit:
+            atexit.register(self.wait_for_end)
+
+    @property
+    def recorder_up(self) -> bool:
+        """Whether a recorder is running and the log in step with the engine."""
+        return self._link is not None and self._lost_from is None
+
+    @property
+    def events_lost(self) -> int:
+        """Events that never reached the recorder, the open outage's included."""
+        open_ = self._seq - self._lost_from if self._lost_from is not None else 0
+        return self.stats.events_lost + open_
+
+    # -- the scheduler thread's calls ----------------------------------------
+
+    def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        """Number and pack one callback's applied events (see the module docstring)."""
+        if self._closed or not applied:
+            return
+        self._batch.append(self._pack(applied))
+        self._seq += len(applied)
+        self._batch_events += len(applied)
+        if closes_batch(applied, self._batch_events):
+            summary = None
+            if self._seq >= self._next_digest > 0:
+                self._next_digest = next_digest_seq(self._seq, self._digest_every, state)
+                summary = state_summary(state)
+            self._send_batch(summary, state)
+
+    def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
+                        reason: str, state: State) -> None:
+        """The callback's ``drive`` failed: what applied before, then ``event``
+        rejected with ``reason`` under the next ``seq``."""
+        if self._closed:
+            return
+        # The open batch, before this callback; no START now: ``state`` is
+        # already past the rejected event.
+        self._send_batch(None, state, service=False)
+        first = self._seq
+        message = packb((REJECT, first, self._wall(), self._pack(applied),
+                         TO_WIRE[type(event)](event), reason))
+        self._seq += len(applied) + 1
+        self._batch_seq = self._seq
+        self._hand(message, first)
+
+    def close(self, state: State | None) -> None:
+        """Hand END over (with a summary for the final digest when ``state``
+        is given and open) and return at once; see :meth:`wait_for_end`."""
+        if self._closed:
+            return
+        if state is not None:
+            self._send_batch(None, state)
+            self._service(state)
+        self._closed = True
+        link = self._link
+        lost_from = self._lost_from
+        if lost_from is None and self._batch:  # a batch no state could send
+            lost_from = self._batch_seq
+        if lost_from is not None:
+            self.stats.events_lost += self._seq - lost_from
+            self._lost_from = None
+        summary = state_summary(state) if state is not None and lost_from is None else None
+        message = packb((END, self._seq, self._wall(), summary, lost_from))
+        if link is not None and self._send(link, message):
+            self._end_at = self._sent
+
+    def wait_for_end(self) -> bool:
+        """At the engine's exit: wait at most ``end_wait_s`` for the recorder
+        to write END. Returns whether it did."""
+        link = self._link
+        if link is None or self._end_at is None:
+            return False
+        deadline = time.monotonic() + self._end_wait_s  # a real wait, whatever the clock
+        while self._acked < self._end_at and time.monotonic() < deadline:
+            self._take_replies(link)
+            if link.exit_code() is not None:
+                break
+            time.sleep(0.005)
+        self._take_replies(link)
+        return self._acked >= self._end_at
+
+    # -- internals -----------------------------------------------------------
+
+    def _pack(self, applied: Sequence[tuple[Event, Outcome]]) -> bytes:
+        table = TO_WIRE
+        items: list[Any] = []
+        append = items.append
+        if self._full:
+            for event, outcome in applied:
+                append(table[type(event)](event))
+                append(outcome_wire(outcome))
+        else:
+            check = outcome_check
+            for event, outcome in applied:
+                append(table[type(event)](event))
+                append(check(outcome))
+        return packb(items)
+
+    def _send_batch(self, summary: Any, state: State, *, service: bool = True) -> None:
+        """The open batch as one STEP message ``(STEP, seq, wall_s, summary,
+        callbacks)``, its callbacks' packed bytes spliced in. First, with
+        ``service`` (``state`` is the state after the batch), the link is
+        looked after: a START that ends an outage holds the batch's events
+        in its snapshot, and the batch is not sent; a resync's START follows
+        the batch."""
+        if service:
+            self._service(state)
+        batch = self._batch
+        if not batch:
+            return
+        first = self._batch_seq
+        message = b"".join((pack_array_header(5), packb(STEP), packb(first),
+                            packb(self._wall()), packb(summary),
+                            pack_array_header(len(batch)), *batch))
+        self._batch = []
+        self._batch_events = 0
+        self._batch_seq = self._seq
+        self._hand(message, first)
+        link = self._link
+        if service and self._resync and link is not None and self._lost_from is None:
+            self._resume(link, state)
+
+    def _hand(self, message: bytes, first_seq: int) -> None:
+        """Send ``message`` (events ``first_seq`` up to ``self._seq``), or let
+        its events fall into the outage."""
+        link = self._link
+        if link is None or self._lost_from is not None:
+            self._outage(first_seq, "")
+            return
+        if self._sent - self._acked + len(message) > self._budget:
+            self._outage(first_seq, "the recorder is not keeping up: the hand-off budget "
+                         f"({self._budget} bytes) is full")
+            return
+        if not self._send(link, message):
+            self._outage(first_seq, "the recorder's socket refused a message")
+            return
+        self._unacked.append((self._sent, first_seq))
+
+    def _send(self, link: Link, message: bytes) -> bool:
+        if not link.send(message):
+            return False
+        self._sent += len(message)
+        stats = self.stats
+        stats.bytes_in_flight = in_flight = self._sent - self._acked
+        if in_flight > stats.bytes_in_flight_max:
+            stats.bytes_in_flight_max = in_flight
+        return True
+
+    def _service(self, state: State) -> Link | None:
+        """Read the recorder's replies, watch its process, restart it when
+        due, and end an outage when it can; returns the live link, if any."""
+        link = self._link
+        now = self._clock()
+        if link is not None:
+            self._take_replies(link)
+            if now >= self._next_liveness:
+                self._next_liveness = now + self._liveness_every_s
+                code = link.exit_code()
+                if code is not None:
+                    self._died(link, code, now)
+                    link = None
+        if link is None and now >= self._restart_at and not self._closed:
+            link = self._try_launch(now, first=False)
+        if link is not None and self._lost_from is not None:
+            self._resume(link, state)
+        return link
+
+    def _take_replies(self, link: Link) -> None:
+        for reply in link.replies():
+            if reply[0] == ACK:
+                self._acked = max(self._acked, int(reply[1]))
+                if len(reply) > 2 and reply[2] is not None:
+                    self.recorder_stats = dict(reply[2])
+            elif reply[0] == RESYNC:
+                self._resync = True
+        unacked = self._unacked
+        while unacked and unacked[0][0] <= self._acked:
+            unacked.popleft()
+        self.stats.bytes_in_flight = self._sent - self._acked
+
+    def _died(self, link: Link, code: int, now: float) -> None:
+        first = self._unacked[0][1] if self._unacked else self._batch_seq
+        self._outage(first, f"the recorder process exited (code {code}); restarting it "
+                     f"in {self._backoff_s:g} s")
+        link.close()
+        self._link = None
+        self._restart_at = now + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+
+    def _try_launch(self, now: float, *, first: bool) -> Link | None:
+        try:
+            link = self._launch()
+        except Exception as error:  # never let the log hurt the engine
+            self._outage(self._batch_seq, f"the recorder could not start ({error!r}); "
+                         f"trying again in {self._backoff_s:g} s")
+            self._restart_at = now + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+            return None
+        self._link = link
+        self._sent = self._acked = 0
+        self._unacked.clear()
+        self._next_liveness = now + self._liveness_every_s
+        if not first:
+            self.stats.recorder_restarts += 1
+            if self._lost_from is None:  # a new recorder starts from a snapshot
+                self._resync = True
+        return link
+
+    def _resume(self, link: Link, state: State) -> None:
+        """End the outage (or resync the recorder's fold): START with the
+        events not handed over since the outage began (none for a resync)
+        and a snapshot of the live state, which holds them."""
+        lost_from = self._lost_from if self._lost_from is not None else self._seq
+        lost = self._seq - lost_from
+        now = self._clock()
+        if now < self._resume_at or self._sent - self._acked > self._budget // 2:
+            return  # a snapshot walks the state: not while the recorder is still full
+        self._resume_at = now + self._liveness_every_s
+        try:
+            message = packb((START, self._seq, self._wall(), lost,
+                             packb(snapshot.to_wire(state))))
+        except Exception as error:  # a bug; stay in the outage, the warning says why
+            self._outage(lost_from, f"the state snapshot failed ({error!r})")
+            return
+        if self._sent - self._acked + len(message) > self._budget:
+            if len(message) > self._budget:
+                self._outage(lost_from, f"the state snapshot ({len(message)} bytes) is larger "
+                             "than the hand-off budget: raise "
+                             "lmcache.mp.lazy_offload_log_budget_mib")
+            return
+        if not self._send(link, message):
+            return
+        self._unacked.append((self._sent, self._seq))
+        self.stats.events_lost += lost
+        self._lost_from = None
+        self._resync = False
+        self._batch = []
+        self._batch_events = 0
+        self._batch_seq = self._seq
+        self._backoff_s = self._backoff_min_s
+
+    def _outage(self, first_seq: int, why: str) -> None:
+        """Events from ``first_seq`` on do not reach the recorder; the first
+        loss of an outage warns once, with ``why``."""
+        if self._lost_from is not None:
+            self._lost_from = min(self._lost_from, first_seq)
+            return
+        self._lost_from = first_seq
+        self.stats.outages += 1
+        self._warn(f"event log: {why or 'the recorder is gone'}; serving continues, the "
+                   "events are counted and the log records them as a GAP when recording "
+                   "resumes")

@@ -1,0 +1,347 @@
+"""The recorder process: ``python -m connector.recorder``, one per engine.
+
+It takes the engine's hand-off (``connector.handoff``) over a ZeroMQ PAIR
+socket and does everything else the event log needs, away from vLLM's
+process: it folds the events into a state of its own (checking each against
+the outcome the engine recorded, ``offload_fsm.refold``), and an
+:class:`~connector.recording.EventRecorder` encodes, compacts, compresses,
+frames, rotates, retains, indexes and publishes the live stream, taking
+digests and snapshots from that fold.
+
+Its settings arrive as one JSON object on stdin (``connector.supervisor``).
+
+Theory of operation
+-------------------
+* START ``(seq, wall_s, lost, snapshot)``: the fold starts from a fresh state
+  (``snapshot`` None, seq 0) or from the engine's snapshot; ``lost`` events
+  before ``seq`` never arrived, and the log says so (GAP, then the snapshot).
+* STEP: each callback's events are folded and recorded with the engine's
+  recorded outcomes, so the log says what the engine decided. When the fold
+  decides otherwise, or its summary differs from the engine's (a state
+  changed outside ``step``), one warning, no digest or snapshot from it, and
+  RESYNC asks the engine for a snapshot; the events are still recorded.
+* REJECT: the poison path, recorded as the in-process recorder does.
+* END: the log ends (with the final digest when the engine's summary matches
+  the fold); the recorder acknowledges and exits.
+* The engine gone without END (killed): its parent pid changes. The recorder
+  takes what is still in its socket, records it, ends the log with a
+  VANISHED record and exits: it never outlives its engine.
+* It acknowledges what it took in, in bytes (ACK), at most every ``_ACK_S``
+  or ``_ACK_BYTES``, with its counters about once a second; the engine's
+  budget counts the unacknowledged bytes.
+* SIGINT and SIGTERM are ignored: the engine's END, or its death, ends the
+  log, so a Ctrl-C to vLLM's process group cannot cut the log short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import zmq
+
+from connector.handoff import ACK, END, REJECT, RESYNC, START, STEP, state_summary
+from connector.recording import EventRecorder
+from offload_fsm.log import snapshot
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import Damage, scan_stream
+from offload_fsm.log.names import file_sort_key, parse_file_name
+from offload_fsm.log.records import Digest, Gap, Inputs, LogRecord, Rejected
+from offload_fsm.log.wire import from_wire, packb, unpackb
+from offload_fsm.refold import refold
+from offload_fsm.state import State, new_state
+from offload_fsm.vocabulary.config import parse_recorded_config
+from offload_fsm.vocabulary.errors import LogCorrupt
+from offload_fsm.vocabulary.events import Event
+
+__all__ = ["Recorder", "main"]
+
+_log = logging.getLogger("connector.recorder")
+_ACK_S = 0.01
+_ACK_BYTES = 256 * 1024
+_STATS_S = 1.0
+_POLL_MS = 100
+
+
+class Recorder:
+    """The recorder's state and its handling of each message (see the module
+    docstring); ``reply`` sends a message back to the engine."""
+
+    def __init__(self, spec: dict[str, Any], reply: Any) -> None:
+        self._spec = spec
+        self._reply = reply
+        self._config = parse_recorded_config(spec["header_config"]).offload
+        self._world_size = int(spec["world_size"])
+        self.recorder: EventRecorder | None = None
+        self.state: State | None = None  # the fold; None when it cannot be trusted
+        self.next_seq = 0
+        self.done = False
+        self._warned = False
+        self._message_bytes = 0
+        self._writer: Any = None  # kept for its counters after the log is closed
+
+    # -- messages ------------------------------------------------------------
+
+    def handle(self, data: bytes) -> None:
+        self._message_bytes = len(data)
+        message = unpackb(data)
+        kind = message[0]
+        if kind == STEP:
+            self._step(*message[1:])
+        elif kind == START:
+            self._start(*message[1:])
+        elif kind == REJECT:
+            self._reject(*message[1:])
+        elif kind == END:
+            self._end(*message[1:])
+
+    def _start(self, seq: int, wall_s: float, lost: int, packed: bytes | None) -> None:
+        """The engine's ``lost`` is what it could not confirm; the GAP says
+        what this recorder knows: from the events it took in (or, new after
+        a recorder died, the events the run's files hold) up to ``seq``."""
+        if packed is None:
+            state = new_state(self._config, world_size=self._world_size)
+        else:
+            state = snapshot.from_wire(unpackb(packed), self._config)
+        recorder = self.recorder
+        if recorder is None:
+            first = 0
+            if packed is not None:
+                on_disk = events_on_disk(Path(self._spec["directory"]), self._spec["prefix"])
+                first = min(seq, on_disk if on_disk is not None else 0)
+            recorder = self.recorder = self._new_recorder(first)
+            self._writer = recorder.writer
+            self.next_seq = first
+        if packed is not None:
+            recorder.resume(seq, seq - min(self.next_seq, seq), state)
+        self.state = state
+        self.next_seq = seq
+
+    def _step(self, seq: int, wall_s: float, summary: Any, callbacks: Any) -> None:
+        recorder = self.recorder
+        if recorder is None:
+            return  # no START yet: nothing to record against
+        if seq != self.next_seq:
+            self._distrust(f"events {self.next_seq}..{seq - 1} never arrived")
+            recorder.lose(self.next_seq, seq)
+        per_event = self._message_bytes // max(1, sum(len(c) for c in callbacks) // 2)
+        for callback in callbacks:
+            pairs = self._pairs(callback)
+            recorder.record(self._fold(seq, pairs), self.state,
+                            size_bytes=per_event * len(pairs))
+            seq += len(pairs)
+        self.next_seq = seq
+        if summary is not None and self.state is not None \
+                and state_summary(self.state) != tuple(summary):
+            self._distrust(f"the state after event {seq - 1} differs from the engine's: a "
+                           "state changed outside the core's step")
+
+    def _reject(self, seq: int, wall_s: float, callback: Any, event_wire: Any,
+                reason: str) -> None:
+        recorder = self.recorder
+        if recorder is None:
+            return
+        if seq != self.next_seq:
+            recorder.lose(self.next_seq, seq)
+            self.state = None
+        pairs = self._pairs(callback)
+        event = cast(Event, from_wire(event_wire))
+        applied = self._fold(seq, pairs)
+        recorder.record_rejected(applied, event, reason, self.state)
+        self.state = None  # a closed machine: nothing more to fold
+        self.next_seq = seq + len(pairs) + 1
+
+    def _end(self, seq: int, wall_s: float, summary: Any, lost_from: int | None) -> None:
+        recorder = self.recorder
+        self.done = True
+        if recorder is None:
+            return
+        if lost_from is not None:
+            recorder.lose(min(lost_from, self.next_seq), seq)
+            self.state = None
+        elif seq != self.next_seq:
+            recorder.lose(self.next_seq, seq)
+            self.state = None
+        state = self.state
+        trusted = (state is not None and summary is not None
+                   and state_summary(state) == tuple(summary))
+        recorder.close(state if trusted else None)
+
+    def vanish(self, reason: str) -> None:
+        """The engine is gone without END: end the log with what arrived."""
+        self.done = True
+        if self.recorder is not None:
+            self.recorder.close(None, vanished=reason)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _fold(self, seq: int, pairs: list[tuple[Event, Any]]) -> list[tuple[Event, Any]]:
+        """Fold ``pairs`` (events from ``seq`` with the engine's recorded
+        outcomes); returns what to record: the fold's outcomes where it
+        agrees (the log's compact forms use them), the engine's forms after."""
+        state = self.state
+        if state is None:
+            return pairs
+        folded: list[tuple[Event, Any]] = []
+        _, mismatch = refold(state, seq, pairs,
+                             lambda _seq, event, outcome, _state: folded.append((event, outcome)))
+        if mismatch is None:
+            return folded
+        self._distrust(f"event {mismatch.seq} ({type(mismatch.event).__name__}) decided "
+                       "otherwise in the recorder's fold than in the engine")
+        agreed = mismatch.seq - seq
+        return folded[:agreed] + pairs[agreed:]
+
+    def _pairs(self, callback: Any) -> list[tuple[Event, Any]]:
+        return [(cast(Event, from_wire(callback[i])), callback[i + 1])
+                for i in range(0, len(callback), 2)]
+
+    def _distrust(self, why: str) -> None:
+        """The fold no longer stands for the engine's state: no digest or
+        snapshot from it until the engine's next START."""
+        if self.state is None:
+            return
+        self.state = None
+        if not self._warned:
+            self._warned = True
+            _log.warning("lazy offload recorder: %s; asking the engine for a snapshot", why)
+        self._reply(packb((RESYNC,)))
+
+    def _new_recorder(self, first_seq: int) -> EventRecorder:
+        spec = self._spec
+        return EventRecorder(
+            self._config, self._world_size, spec["directory"], spec["versions"],
+            pub_endpoint=spec.get("pub_endpoint", ""),
+            digest_every=int(spec.get("digest_every", 1000)),
+            full_outcomes=bool(spec.get("full_outcomes", False)),
+            prefix=spec["prefix"], engine_index=int(spec.get("engine_index", 0)),
+            max_file_bytes=int(spec["max_file_bytes"]),
+            max_total_bytes=spec.get("max_total_bytes"),
+            snapshot_every=int(spec.get("snapshot_every", 10_000)),
+            compress_level=int(spec.get("compress_level", 6)),
+            header_config=spec["header_config"], first_seq=first_seq,
+            queue_max_bytes=int(spec["budget_bytes"]),
+            register_atexit=False,
+        )
+
+    def stats(self) -> dict[str, int]:
+        recorder = self.recorder
+        writer = self._writer
+        out = dict(writer.stats()) if writer is not None else {}
+        if recorder is not None:
+            out.update(recorder.pub_stats())
+        return out
+
+
+def events_on_disk(directory: Path, prefix: str) -> int | None:
+    """How many events the run ``prefix`` has in ``directory`` (the next
+    event's ``seq`` after the last its latest readable file holds); None if
+    it has no readable file."""
+    files = sorted((path for path in directory.iterdir()
+                    if (parsed := parse_file_name(path.name)) is not None
+                    and parsed[0] == prefix), key=lambda path: file_sort_key(path.name))
+    for path in reversed(files):
+        decoder = LogDecoder()
+        end: int | None = None
+        with contextlib.suppress(OSError), path.open("rb") as stream:
+            for item in scan_stream(stream):
+                if isinstance(item, Damage):
+                    decoder.lose()
+                    continue
+                try:
+                    records = decoder.decode_all(item.payload)
+                except LogCorrupt:
+                    continue
+                for record in records:
+                    after = _events_through(record)
+                    end = after if end is None else max(end, after)
+        if end is not None:
+            return end
+    return None
+
+
+def _events_through(record: LogRecord) -> int:
+    """The number of events a run has once ``record`` is in its log."""
+    if isinstance(record, Inputs):
+        return record.seq + len(record.events)
+    if isinstance(record, Gap):
+        return record.seq + record.lost_count
+    if isinstance(record, Rejected):
+        return record.seq + 1
+    if isinstance(record, Digest):
+        return record.seq + 1
+    return record.seq
+
+
+def _parent_gone(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
+    """The recorder's loop; returns its exit code."""
+    parent = int(spec["parent_pid"])
+    recorder = Recorder(spec, lambda message: socket.send(message))
+    taken = acked = 0
+    next_ack = next_stats = time.monotonic()
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    while not recorder.done:
+        if poller.poll(_POLL_MS):
+            while not recorder.done:
+                try:
+                    data = socket.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                recorder.handle(data)
+                taken += len(data)
+                if taken - acked >= _ACK_BYTES:
+                    break
+        now = time.monotonic()
+        if taken != acked and (now >= next_ack or taken - acked >= _ACK_BYTES
+                               or recorder.done):
+            stats = recorder.stats() if now >= next_stats or recorder.done else None
+            socket.send(packb((ACK, taken, stats)))
+            acked, next_ack = taken, now + _ACK_S
+            if stats is not None:
+                next_stats = now + _STATS_S
+        if not recorder.done and _parent_gone(parent):
+            while True:  # what the engine handed over before it died
+                try:
+                    data = socket.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                recorder.handle(data)
+            if not recorder.done:
+                recorder.vanish(f"the engine process {parent} exited without a clean "
+                                "shutdown")
+    return 0
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    spec = json.load(sys.stdin)
+    context: zmq.Context[Any] = zmq.Context(io_threads=1)
+    socket = context.socket(zmq.PAIR)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.LINGER, 2000)  # the last ACK reaches a living engine
+    socket.bind(spec["endpoint"])
+    try:
+        return run(spec, socket)
+    finally:
+        socket.close()
+        context.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The engine's side of the event log (``connector.handoff``) against a fake
+link: the byte budget, outages and their one warning, a dead recorder
+restarted with backoff, the resume with a snapshot, and a seal that never
+waits. The real recorder process is in ``test_recorder_process.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from connector.handoff import ACK, END, RESYNC, START, STEP, Handoff, state_summary
+from offload_fsm.log import snapshot
+from offload_fsm.log.wire import from_wire, packb, unpackb
+from offload_fsm.testing.synthetic import default_config, run_workload
+
+
+class FakeLink:
+    """A recorder that takes what it is sent, acknowledges when told, and
+    exits when told."""
+
+    def __init__(self, *, accept: bool = True) -> None:
+        self.messages: list[Any] = []
+        self.bytes = 0
+        self.accept = accept
+        self.code: int | None = None
+        self.pending: list[tuple[Any, ...]] = []
+        self.closed = False
+
+    def send(self, message: bytes) -> bool:
+        if not self.accept:
+            return False
+        self.messages.append(unpackb(message))
+        self.bytes += len(message)
+        return True
+
+    def ack(self) -> None:
+        self.pending.append((ACK, self.bytes, None))
+
+    def replies(self) -> list[tuple[Any, ...]]:
+        out, self.pending = self.pending, []
+        return out
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: int,
+             *, failures: int = 0) -> Handoff:
+    pending = list(links)
+    failing = [failures]
+
+    def launch() -> FakeLink:
+        if failing[0]:
+            failing[0] -= 1
+            raise OSError("no python")
+        return pending.pop(0)
+
+    return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
+                   wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
+                   end_wait_s=0.05, register_atexit=False)
+
+
+def _events(messages: list[Any]) -> int:
+    count = 0
+    for message in messages:
+        if message[0] == STEP:
+            count += sum(len(callback) // 2 for callback in message[4])
+    return count
+
+
+def test_every_event_is_handed_over_in_order_with_its_check() -> None:
+    link = FakeLink()
+    warnings: list[str] = []
+    handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
+    world = run_workload(requests=40, seed=1, sink=handoff.record)
+    handoff.close(world.state)
+    assert link.messages[0] == (START, 0, 0.0, 0, None)
+    steps = [m for m in link.messages if m[0] == STEP]
+    seq = 0
+    for message in steps:
+        assert message[1] == seq
+        for callback in message[4]:
+            for wire in callback[::2]:
+                assert from_wire(wire) == world.applied[seq][0]
+                seq += 1
+    assert seq == len(world.applied)
+    assert link.messages[-1][:2] == (END, seq)
+    assert link.messages[-1][3] == state_summary(world.state)
+    assert warnings == [] and handoff.events_lost == 0
+
+
+def test_the_bytes_in_flight_never_pass_the_budget_and_an_outage_warns_once() -> None:
+    link = FakeLink()  # never acknowledges: a stalled recorder
+    warnings: list[str] = []
+    handoff = _handoff([link], warnings, Clock(), budget=4096)
+    world = run_workload(requests=40, seed=1, sink=handoff.record)
+    assert handoff.stats.bytes_in_flight_max <= 4096
+    assert link.bytes <= 4096
+    assert len(warnings) == 1 and "budget (4096 bytes) is full" in warnings[0]
+    assert handoff.events_lost == len(world.applied) - _events(link.messages)
+    assert not handoff.recorder_up
+
+
+def test_acknowledged_room_ends_the_outage_with_the_lost_count_and_a_snapshot() -> None:
+    link = FakeLink()
+    warnings: list[str] = []
+    handoff = _handoff([link], warnings, Clock(), budget=16384)
+    caught_up = [False]
+
+    def sink(applied: Any, state: Any) -> None:
+        handoff.record(applied, state)
+        if handoff.events_lost and not caught_up[0]:
+            caught_up[0] = True
+            link.ack()  # the recorder catches up, once
+
+    world = run_workload(requests=100, seed=1, sink=sink)
+    starts = [m for m in link.messages if m[0] == START]
+    assert len(starts) == 2
+    _, seq, _, lost, packed = starts[1]
+    assert lost > 0 and packed is not None
+    restored = snapshot.from_wire(unpackb(packed), default_config())
+    assert restored.step_index <= world.state.step_index
+    steps_after = [m for m in link.messages[link.messages.index(starts[1]):] if m[0] == STEP]
+    assert steps_after[0][1] == seq  # the events after the snapshot follow it
+    assert handoff.stats.events_lost == lost
+    assert len(warnings) == 2  # this outage, and the next (the recorder never acks again)
+
+
+def test_a_dead_recorder_is_restarted_with_backoff_and_resumes_from_a_snapshot() -> None:
+    first, second = FakeLink(), FakeLink()
+    warnings: list[str] = []
+    clock = Clock()
+    handoff = _handoff([first, second], warnings, clock, budget=1 << 30)
+    calls = [0]
+
+    def sink(applied: Any, state: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 100:
+            first.code = -9  # killed
+        if calls[0] == 200:
+            clock.now += 1.5  # past the first backoff
+        first.ack()
+        second.ack()
+        handoff.record(applied, state)
+
+    world = run_workload(requests=40, seed=1, sink=sink)
+    handoff.close(world.state)
+    assert first.closed
+    assert handoff.stats.recorder_restarts == 1
+    assert len(warnings) == 1 and "exited (code -9)" in warnings[0]
+    start = second.messages[0]
+    assert start[0] == START and start[3] > 0 and start[4] is not None
+    assert handoff.stats.events_lost == start[3]
+    assert second.messages[-1][0] == END and second.messages[-1][4] is None
+
+
+def test_a_recorder_that_cannot_start_is_tried_again_later() -> None:
+    link = FakeLink()
+    warnings: list[str] = []
+    clock = Clock()
+    handoff = _handoff([link], warnings, clock, budget=1 << 30, failures=2)
+    world = run_workload(requests=10, seed=1, sink=handoff.record)
+    assert not handoff.recorder_up and "could not start" in warnings[0]
+    clock.now += 1.0
+    handoff.close(world.state)  # too early for the second try (backoff 2 s)
+    assert link.messages == []
+    assert handoff.events_lost == len(world.applied)
+
+
+def test_the_seal_returns_at_once_and_says_where_an_open_outage_began() -> None:
+    link = FakeLink()  # never acknowledges; the snapshot would not fit the budget
+    handoff = _handoff([link], [], Clock(), budget=600)
+    world = run_workload(requests=10, seed=1, sink=handoff.record)
+    lost_from = handoff.events_lost and len(world.applied) - handoff.events_lost
+    handoff.close(world.state)
+    end = link.messages[-1]
+    assert end[0] == END and end[1] == len(world.applied) and end[3] is None
+    assert end[4] == lost_from  # the GAP the recorder writes starts there
+    assert handoff.stats.events_lost == len(world.applied) - lost_from
+    assert handoff.wait_for_end() is False  # nobody acknowledges here: it gives up
+
+
+def test_resync_asks_for_a_snapshot_without_a_loss() -> None:
+    link = FakeLink()
+    handoff = _handoff([link], [], Clock(), budget=1 << 30)
+    calls = [0]
+
+    def sink(applied: Any, state: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 100:
+            link.pending.append((RESYNC,))
+        link.ack()
+        handoff.record(applied, state)
+
+    run_workload(requests=20, seed=1, sink=sink)
+    starts = [m for m in link.messages if m[0] == START]
+    assert len(starts) == 2 and starts[1][3] == 0 and starts[1][4] is not None
+    assert handoff.events_lost == 0
+
+
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_budget_below_one_byte_is_refused(budget: int) -> None:
+    with pytest.raises(ValueError, match="budget_bytes"):
+        _handoff([FakeLink()], [], Clock(), budget=budget)
+
+
+def test_a_packed_step_is_the_message_it_says() -> None:
+    """The STEP message is spliced from packed callbacks: it decodes as the
+    array (STEP, seq, wall_s, summary, callbacks)."""
+    link = FakeLink()
+    handoff = _handoff([link], [], Clock(), budget=1 << 30)
+    world = run_workload(requests=3, seed=2, sink=handoff.record)
+    step = next(m for m in link.messages if m[0] == STEP)
+    assert len(step) == 5 and isinstance(step[4], tuple)
+    assert packb(step) and world.applied
+
+
+class PipedLink(FakeLink):
+    """A link whose recorder is a :class:`connector.recorder.Recorder` in this
+    process, fed each message as it is sent: the protocol end to end, with
+    no process in between."""
+
+    def __init__(self, recorder_of: Any) -> None:
+        super().__init__()
+        self.recorder = recorder_of(lambda reply: self.pending.append(reply))
+
+    def send(self, message: bytes) -> bool:
+        super().send(message)
+        self.recorder.handle(message)
+        self.ack()
+        return True
+
+    def ack(self) -> None:
+        self.pending.append((ACK, self.bytes, None))
+
+
+def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, PipedLink]:
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 20, "max_total_bytes": None, "budget_bytes": 1 << 26,
+            "digest_every": 50}
+    link = PipedLink(lambda reply: Recorder(spec, lambda message: reply(unpackb(message))))
+    handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50,
+                      warn=lambda message: None, register_atexit=False)
+    return handoff, link
+
+
+def test_the_recorder_logs_what_the_engine_hands_over_and_it_verifies(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from replay.runner import replay
+
+    handoff, link = _piped(tmp_path, caplog)
+    world = run_workload(requests=60, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    assert link.recorder.done
+    result = replay(tmp_path)
+    assert result.ok and result.ended_cleanly, (result.divergence, result.lost)
+    assert result.events_applied == len(world.applied)
+    assert result.digests_checked >= 2
+
+
+def test_a_live_state_changed_outside_step_shows_in_the_log(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The engine's summary at a digest point differs from the recorder's
+    fold: one warning, RESYNC, a snapshot of the live state, and replay
+    reports the digest of that snapshot as not what the events give."""
+    from offload_fsm.vocabulary.counters import Counter
+    from replay.runner import replay
+
+    handoff, link = _piped(tmp_path, caplog)
+    calls = [0]
+
+    def sink(applied: Any, state: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 5:
+            state.counters[Counter.RELEASED_BLOCKS] += 1  # outside step
+        handoff.record(applied, state)
+
+    with caplog.at_level("WARNING", logger="connector.recorder"):
+        world = run_workload(requests=60, seed=3, sink=sink)
+        handoff.close(world.state)
+    assert any("differs from the engine's" in r.getMessage() for r in caplog.records)
+    assert len([m for m in link.messages if m[0] == START]) == 2
+    result = replay(tmp_path)
+    assert result.divergence is not None and result.divergence.kind == "digest"
+    assert "differs from the snapshot's" in result.divergence.detail
