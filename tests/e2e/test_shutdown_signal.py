@@ -88,3 +88,57 @@ def test_a_sigterm_to_another_engine_thread_shuts_the_engine_down_and_seals_the_
         lines = Path(log_path).read_text(errors="replace").splitlines()
         assert any(FORWARDED in line and f"pid={engine.pid}" in line for line in lines), \
             engine_log_tail()
+
+
+def _recorders_of(pid: int) -> list[int]:
+    """The recorder processes (``python -m connector.recorder``) ``pid`` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"connector.recorder" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_an_engine_killed_with_sigkill_leaves_a_log_that_says_so(
+    tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path,
+) -> None:
+    """SIGKILL to vLLM's engine core: its recorder process writes what it
+    received, ends the log with VANISHED and exits; replay verifies up to it."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from offload_fsm.log.framing import Record, scan
+    from offload_fsm.log.records import VANISHED
+    from offload_fsm.log.wire import unpackb
+    from replay.reader import run_files
+    from replay.runner import replay
+
+    log_dir = tmp_path / "events"
+    llm = tiny_llm(tiny_model_dir, our_kv_transfer_config(lmcache_server, log_dir),
+                   pool_blocks=96)
+    try:
+        rng = random.Random(4)
+        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(3, 2048) for _ in range(300)])
+                   for _ in range(3)]
+        llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+        (engine,) = llm.llm_engine.engine_core.resources.engine_manager.processes
+        (recorder,) = _recorders_of(engine.pid)
+        time.sleep(0.5)  # the last step reaches the recorder
+        os.kill(engine.pid, signal.SIGKILL)
+        assert _exits(engine.pid, EXIT_WITHIN_S)
+        assert _exits(recorder, EXIT_WITHIN_S), "the recorder outlived its engine"
+    finally:
+        engine_shutdown(llm)
+        del llm
+    last = [item for item in scan(run_files(log_dir)[-1].read_bytes())][-1]
+    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
+    result = replay(log_dir)
+    assert result.divergence is None and result.rejection is None and not result.damage
+    assert "the engine vanished after event" in result.vanished
+    assert result.events_applied > 0
