@@ -3,30 +3,72 @@ block objects. Everything it hands the core is plain ints.
 
 * :func:`hashes_of` turns each block's ``BlockHashWithGroupId`` (hash bytes
   plus a 4-byte group id; None while the block is unhashed) into a 64-bit
-  fingerprint: Python's SipHash of the bytes, which CPython caches on the bytes
-  object, so a block is hashed once however often it is read. Two different
-  contents collide with probability 2^-64 per comparison; the core compares a
-  block only against its own snapshot. The value is per-process
-  (``PYTHONHASHSEED``): the log records it, so replay is exact, but
-  fingerprints are not comparable across runs.
+  fingerprint (:func:`fingerprinter`). Two different contents collide with
+  probability 2^-64 per comparison; the core compares a block only against
+  its own snapshot. The log records fingerprints, so replay is exact.
+
+Fingerprints are keyed by a secret of this run that never leaves the
+process, because vLLM's block hashes depend only on content: an unkeyed
+fingerprint in a log would let its reader test whether a prompt prefix was
+served, and link requests across runs. By default the key is CPython's own
+per-process SipHash key (``hash(bytes)``, which CPython caches on the bytes
+object: a block is hashed once however often it is read). Where
+``PYTHONHASHSEED`` fixes that key (vLLM's proof scripts set it), a keyed
+BLAKE2b with a random 128-bit key of this process is used instead. A test or
+bench that needs byte-identical logs across runs sets the key itself
+(:data:`KEY_ENV`, hex); nothing sets it by default.
 * :func:`free_queue_head` walks the free queue from the eviction head and
   stops after ``depth`` blocks: O(depth), never the whole queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 BlockPool = Any  # vllm.v1.core.block_pool.BlockPool (kept untyped: vLLM is optional here)
+Fingerprint = Callable[[Any], int]
+
+KEY_ENV: Final = "LAZY_OFFLOAD_FINGERPRINT_KEY"
 
 
-def hashes_of(pool: BlockPool, block_ids: Iterable[int]) -> tuple[int | None, ...]:
+def fingerprinter(environ: dict[str, str] | None = None) -> Fingerprint:
+    """This run's fingerprint of a block hash (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    given = env.get(KEY_ENV, "")
+    if given:
+        try:
+            return _keyed(bytes.fromhex(given))
+        except ValueError:
+            raise ValueError(f"{KEY_ENV}={given!r} is invalid: expected a hex string of 1 "
+                             "to 64 bytes") from None
+    if env.get("PYTHONHASHSEED", "random") not in ("", "random"):
+        return _keyed(secrets.token_bytes(16))
+    return hash
+
+
+def _keyed(key: bytes) -> Fingerprint:
+    if not 1 <= len(key) <= 64:
+        raise ValueError(f"{KEY_ENV}: a key of {len(key)} bytes; expected 1 to 64")
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+
+    def fingerprint(block_hash: Any) -> int:
+        digest = blake2b(block_hash, key=key, digest_size=8).digest()
+        return from_bytes(digest, "little", signed=True)
+
+    return fingerprint
+
+
+def hashes_of(pool: BlockPool, block_ids: Iterable[int],
+              fingerprint: Fingerprint = hash) -> tuple[int | None, ...]:
     blocks = pool.blocks
     out = []
     for block_id in block_ids:
         block_hash = blocks[block_id].block_hash
-        out.append(None if block_hash is None else hash(block_hash))
+        out.append(None if block_hash is None else fingerprint(block_hash))
     return tuple(out)
 
 

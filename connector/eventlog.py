@@ -58,6 +58,7 @@ import contextlib
 import itertools
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -220,7 +221,7 @@ class EventLogWriter:
 
         # Open the first file here, on the caller's thread, so that a bad
         # directory or a failing header/encode raises at construction.
-        self._dir.mkdir(parents=True, exist_ok=True)
+        private_directory(self._dir, self._warn)
         # A writer that takes over a run (a restarted recorder) goes on after
         # the run's last file.
         taken = [parsed[1] for parsed in map(parse_file_name, os.listdir(self._dir))
@@ -688,8 +689,10 @@ class EventLogWriter:
                 stalled.close()
         path = self._dir / f".{self.prefix}.probe"
         try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            with _open(path, "wb") as f:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # a link planted here is removed, never followed
+            with _open(path, "xb", opener=_private) as f:
                 f.write(b"\0" * self._probe_bytes)
                 f.flush()
                 os.fsync(f.fileno())
@@ -713,7 +716,7 @@ class EventLogWriter:
         try:
             header = frame(self._encode(self._make_header()))
             with contextlib.ExitStack() as cleanup:
-                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192))
+                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=_private)
                 cleanup.callback(_discard, f, path)
                 for part in (header, gap, record):
                     if part is not None:
@@ -840,7 +843,8 @@ class EventLogWriter:
         self._due = False
         path = self._dir / file_name(self.prefix, self._seqno)
         # "x": never clobber an existing log.
-        self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192))
+        self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192),
+                           opener=_private)
         self._files.append(path)
         self._file_bytes = 0
         self._file_records = 0
@@ -886,6 +890,25 @@ class EventLogWriter:
 
 _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
 _open = open  # the writer's only way to open files (tests replace it to inject failures)
+
+
+def _private(path: str, flags: int) -> int:
+    """Open as the owner's alone (0600, or stricter by the umask)."""
+    return os.open(path, flags, 0o600)
+
+
+def private_directory(directory: Path, warn: Callable[[str], None]) -> None:
+    """Create ``directory`` for its owner alone (0700), or take the group's
+    and others' access away from an existing one, keeping a stricter mode; a
+    directory whose mode cannot be changed is used as it is, with a warning."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(directory.stat().st_mode)
+    if mode & 0o077:
+        try:
+            directory.chmod(mode & 0o700)
+        except OSError as error:
+            warn(f"event log: {directory} is open to others (mode {mode:o}) and its mode "
+                 f"cannot be changed ({error}); a log names requests and their timing")
 
 
 def _discard(f: BinaryIO, path: Path) -> None:

@@ -82,10 +82,10 @@ def check_vllm_config(vllm_config: Any) -> Settings:
     return settings
 
 
-def _fingerprint(block_hash: Any) -> int:
-    """A request's block hash as ``blocks.hashes_of`` fingerprints the block
-    holding it (the pool's hash carries its KV group)."""
-    return hash(make_block_hash_with_group_id(block_hash, 0))
+def _pool_hash(block_hash: Any) -> Any:
+    """A request's block hash as the pool's block holding it carries it (with
+    its KV group)."""
+    return make_block_hash_with_group_id(block_hash, 0)
 
 
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
@@ -190,7 +190,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                     and tracker.state is not LMCacheMPRequestState.BYPASS_LMCACHE):
                 manager.on_lookup_result(request.request_id,
                                          int(tracker.num_lmcache_hit_tokens),
-                                         request.block_hashes, _fingerprint)
+                                         request.block_hashes, _pool_hash)
         return result
 
     def reset_cache(self) -> Any:
@@ -248,7 +248,7 @@ def _make_handoff(
 
 def _check_writable(directory: str) -> None:
     """Raise :class:`OSError` unless ``directory`` can be created and written."""
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
     probe = os.path.join(directory, f".probe-{os.getpid()}")
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(fd)

@@ -134,8 +134,12 @@ class EventSourcedManager:
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
         live_tokens: Callable[[str], Sequence[int] | None] = lambda _req_id: None,
+        fingerprint: blocks.Fingerprint | None = None,
     ) -> None:
+        """``fingerprint``: of a block hash (default: this run's keyed one,
+        ``blocks.fingerprinter``)."""
         self.config = config
+        self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
         self._live_tokens = live_tokens
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
@@ -335,25 +339,27 @@ class EventSourcedManager:
 
     def on_lookup_result(
         self, request_id: str, hit_tokens: int, block_hashes: Sequence[Any],
-        fingerprint: Callable[[Any], int],
+        pool_hash: Callable[[Any], Any],
     ) -> None:
         """LMCache's lookup found the first ``hit_tokens`` of ``request_id``'s
         prefix on the server; ``block_hashes`` are the request's full blocks'
-        hashes, in order, and ``fingerprint`` turns one into its
-        ``blocks.hashes_of`` value. Every chunk beyond the hit that the core
-        remembers stored is gone from the server (its L1 is LRU; retrieval
-        stops at the first missing chunk, so the ones after it are of no use
-        either): report them as ``ChunksMissing``, keyed as ``Op.chunk_keys``
-        (each chunk's last block; only those are fingerprinted, a chunk's
-        worth of blocks fewer each). Needs one block stride (a single KV
-        group)."""
+        hashes, in order, and ``pool_hash`` turns one into the hash the
+        pool's block carries (fingerprinted as ``blocks.hashes_of`` does).
+        Every chunk beyond the hit that the core remembers stored is gone from
+        the server (its L1 is LRU; retrieval stops at the first missing chunk,
+        so the ones after it are of no use either): report them as
+        ``ChunksMissing``, keyed as ``Op.chunk_keys`` (each chunk's last
+        block; only those are fingerprinted, a chunk's worth of blocks fewer
+        each). Needs one block stride (a single KV group)."""
         per_chunk = self._blocks_per_chunk
         if self._drain is not None or self._closed or not per_chunk:
             return
         stored = self.state.stored_keys  # read-only: the core's stored-content memory
         first = hit_tokens // (per_chunk * self._group_tokens_per_block[0])
         last_blocks = block_hashes[(first + 1) * per_chunk - 1 :: per_chunk]
-        keys = tuple(key for key in map(fingerprint, last_blocks) if key in stored)
+        fingerprint = self._fingerprint
+        keys = tuple(key for key in (fingerprint(pool_hash(h)) for h in last_blocks)
+                     if key in stored)
         if keys:
             self._guarded(self._feed, ChunksMissing(chunk_keys=keys))
 
@@ -365,7 +371,8 @@ class EventSourcedManager:
         block_ids = tuple(op.flat_block_ids)
         self._feed(CandidateOffered(
             req_id=metadata.request_id, start_token=op.start, end_token=op.end,
-            block_ids=block_ids, block_hashes=blocks.hashes_of(self._pool, block_ids),
+            block_ids=block_ids,
+            block_hashes=blocks.hashes_of(self._pool, block_ids, self._fingerprint),
             time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
         ))
 
@@ -389,7 +396,7 @@ class EventSourcedManager:
             watched = [b for b in allocated if b in owners]
             if watched:
                 reallocated = changed_hashes(self.state, watched,
-                                             blocks.hashes_of(pool, watched))
+                                             blocks.hashes_of(pool, watched, self._fingerprint))
         self._feed(StepScheduled(
             scheduled_tokens=tokens,
             allocated_blocks=len(allocated),
@@ -477,8 +484,8 @@ class EventSourcedManager:
             for block_id in command.block_ids:
                 held[block_id] = held.get(block_id, 0) + 1
         elif isinstance(command, ReadHashes):
-            return HashesRead(batch_id=command.batch_id,
-                              block_hashes=blocks.hashes_of(pool, command.block_ids))
+            hashes = blocks.hashes_of(pool, command.block_ids, self._fingerprint)
+            return HashesRead(batch_id=command.batch_id, block_hashes=hashes)
         elif isinstance(command, ReadFreeQueue):
             depth = min(command.depth_blocks, blocks.free_count(pool))
             return FreeQueueRead(window_block_ids=blocks.free_queue_head(pool, depth))

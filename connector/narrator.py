@@ -40,11 +40,16 @@ class Narrator:
         self._clock = clock
         self._lost: Tally[str] = Tally()  # cause -> ops, this step
         self._lost_ids: list[str] = []
-        self._held_back_dropped: Tally[str] = Tally()  # req -> ops, until its store settles
         self._last_counters: tuple[int, ...] = ()
         self._last_counters_log_s = 0.0
 
     def note(self, outcome: Outcome) -> None:
+        # A failed or abandoned store and the later ops of its request it
+        # costs come in the same outcome, in either order: tally them first.
+        held_back: Tally[str] = Tally()
+        for decision in outcome.decisions:
+            if isinstance(decision, OpsDropped) and decision.cause is DropCause.STORE_FAILED:
+                held_back[decision.req_id] += decision.ops
         for decision in outcome.decisions:
             if isinstance(decision, OpsDropped):
                 self._dropped(decision)
@@ -59,7 +64,7 @@ class Narrator:
                 self._log.warning(
                     "lazy offload: store failed", req_id=decision.req_id,
                     batch_id=decision.batch_id, ops=decision.ops,
-                    held_back_ops_dropped=self._held_back_dropped.pop(decision.req_id, 0),
+                    held_back_ops_dropped=held_back[decision.req_id],
                 )
             elif isinstance(decision, StoreAbandoned):
                 self._log.warning(
@@ -67,7 +72,7 @@ class Narrator:
                     "the receipt lease; its blocks are released", req_id=decision.req_id,
                     batch_id=decision.batch_id, ops=decision.ops,
                     receipts=decision.receipts, waited_s=round(decision.waited_s, 3),
-                    held_back_ops_dropped=self._held_back_dropped.pop(decision.req_id, 0),
+                    held_back_ops_dropped=held_back[decision.req_id],
                 )
             elif isinstance(decision, ReceiptIgnored):
                 self._log.warning(
@@ -83,8 +88,6 @@ class Narrator:
                 "and the request's remaining store operations",
                 req_id=decision.req_id, block_id=decision.block_id,
             )
-        elif cause is DropCause.STORE_FAILED:
-            self._held_back_dropped[decision.req_id] += decision.ops
         elif cause in (DropCause.EVICTED, DropCause.PREEMPTED) and decision.ops:
             self._lost[cause.value] += decision.ops
             if len(self._lost_ids) < MAX_IDS_IN_LOG_LINE:

@@ -222,8 +222,10 @@ class LogWriter:
     def __init__(self, directory: str | os.PathLike[str], config: OffloadConfig,
                  world_size: int, *, digest_every: int = 1000, prefix: str = "whatif") -> None:
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self._file = open(path / file_name(prefix, 0), "xb")  # noqa: SIM115 (closed in close)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The owner's alone, as the recorder's logs (a log names requests).
+        self._file = open(path / file_name(prefix, 0), "xb",  # noqa: SIM115 (closed in close)
+                          opener=lambda name, flags: os.open(name, flags, 0o600))
         self._created_s = time.time()
         self._digest_every = digest_every
         self._next_digest = first_digest_seq(digest_every)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from testkit.env import require_stack
 
 require_stack()
@@ -78,3 +80,27 @@ def test_hashes_of_reads_each_blocks_fingerprint_or_none() -> None:
     assert blocks.hashes_of(pool, ids) == (hash(hashes[0]), hash(hashes[1]), None,
                                            hash(hashes[3]))
     assert blocks.hashes_of(pool, []) == ()
+
+
+def test_fingerprints_are_keyed_by_a_secret_of_the_run() -> None:
+    """vLLM's block hashes depend on content only: a fingerprint a reader of
+    the log could compute (``hash`` under a fixed ``PYTHONHASHSEED``) would
+    tell them which prompts were served. Under a fixed seed the fingerprint
+    is keyed by a random secret of the process; two runs do not agree."""
+    block_hash = b"\x01" * 32 + b"\x00\x00\x00\x00"
+    assert blocks.fingerprinter({}) is hash  # CPython's own per-process key
+    assert blocks.fingerprinter({"PYTHONHASHSEED": "random"}) is hash
+    one = blocks.fingerprinter({"PYTHONHASHSEED": "0"})
+    two = blocks.fingerprinter({"PYTHONHASHSEED": "0"})
+    assert one(block_hash) == one(block_hash)
+    assert one(block_hash) != two(block_hash)
+    assert one(block_hash) != hash(block_hash)
+    assert -(2**63) <= one(block_hash) < 2**63
+
+
+def test_a_fixed_key_is_asked_for_explicitly_and_checked() -> None:
+    block_hash = b"\x02" * 36
+    env = {blocks.KEY_ENV: "00112233445566778899aabbccddeeff", "PYTHONHASHSEED": "0"}
+    assert blocks.fingerprinter(env)(block_hash) == blocks.fingerprinter(env)(block_hash)
+    with pytest.raises(ValueError, match=blocks.KEY_ENV):
+        blocks.fingerprinter({blocks.KEY_ENV: "not hex"})

@@ -484,3 +484,46 @@ def test_a_writer_that_takes_over_a_prefix_goes_on_after_its_files(tmp_path: Pat
     second.append({"i": 1})
     assert second.close()
     assert [p.name for p in run_files(tmp_path)] == ["run-000000.lolog", "run-000001.lolog"]
+
+
+def test_logs_are_the_owners_alone(tmp_path: Path) -> None:
+    """A new directory is 0700 and each file 0600; an existing directory
+    open to others is closed to them, a stricter one kept as it is."""
+    import stat
+
+    fresh = tmp_path / "fresh" / "logs"
+    w = _writer(fresh)
+    w.append({"i": 0})
+    assert w.close()
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    assert stat.S_IMODE(w.files[0].stat().st_mode) == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    _writer(shared).close()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    strict = tmp_path / "strict"
+    strict.mkdir()
+    strict.chmod(0o300)  # stricter than 0700 (the owner may not list it): kept
+    try:
+        _writer(strict).close()
+        assert stat.S_IMODE(strict.stat().st_mode) == 0o300
+    finally:
+        strict.chmod(0o700)
+
+
+def test_the_disk_probe_never_follows_a_planted_link(tmp_path: Path) -> None:
+    """During a disk outage the writer probes with a scratch file; a symlink
+    planted under its name (in a shared directory) is removed, not written
+    through."""
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep me")
+    logs = tmp_path / "logs"
+    w = _writer(logs, probe_bytes=16)
+    try:
+        (logs / f".{w.prefix}.probe").symlink_to(target)
+        w._probe()
+    finally:
+        w.close()
+    assert target.read_bytes() == b"keep me"
+    assert not (logs / f".{w.prefix}.probe").exists()

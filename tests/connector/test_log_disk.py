@@ -206,10 +206,10 @@ class _FlakyDisk:
         self.full = False
         self.probes = 0
 
-    def open(self, path: Any, mode: str, buffering: int = -1) -> Any:
+    def open(self, path: Any, mode: str, buffering: int = -1, opener: Any = None) -> Any:
         if str(path).endswith(".probe"):
             self.probes += 1
-        return _FlakyFile(builtins.open(path, mode, buffering=buffering), self)
+        return _FlakyFile(builtins.open(path, mode, buffering=buffering, opener=opener), self)
 
 
 class _FlakyFile:
