@@ -229,14 +229,16 @@ def on_receipts(state: State, event: ReceiptsArrived, scope: Scope) -> None:
             raise InvalidEvent(event.TAG, req_id, f"receipt count {count} is not positive")
     # Failures first: dropping a finished request's held-back ops lets the
     # completion in the same event end its session.
+    # A failure is never ignored while a batch could be the one that failed:
+    # failing a batch that had not is safe (nothing is stored), the reverse
+    # is not.
     for req_id in event.failed:
-        rec = state.requests.get(req_id)
-        if rec is not None and rec.stray_receipts:
-            _ignore(state, req_id, 0, True, IgnoreReason.LEASE_EXPIRED, scope)
-            continue
         batch = _in_flight(state, req_id)
         if batch is None:
-            _ignore(state, req_id, 0, True, IgnoreReason.UNKNOWN_REQUEST, scope)
+            rec = state.requests.get(req_id)
+            reason = (IgnoreReason.LEASE_EXPIRED if rec is not None and rec.stray_receipts
+                      else IgnoreReason.UNKNOWN_REQUEST)
+            _ignore(state, req_id, 0, True, reason, scope)
             continue
         if not batch.failed and not batch.orphaned:
             drop_pending(state, batch.req, DropCause.STORE_FAILED, scope)
@@ -281,6 +283,9 @@ def settle(state: State, batch: Batch, scope: Scope) -> None:
     )
     del state.batches[batch.batch_id]
     rec.batch = None
+    # Every worker reported on a later store: an abandoned batch's receipts,
+    # which the workers send in order, can no longer come.
+    rec.stray_receipts = 0
     refresh_ready(state, rec)
     maybe_end(state, rec, scope)
 

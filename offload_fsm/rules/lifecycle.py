@@ -54,6 +54,7 @@ def on_arrived(state: State, event: RequestArrived, scope: Scope) -> None:
         return  # re-arrival after preemption: the reset already happened
     # Id reuse: the predecessor finished but its teardown was deferred.
     drop_pending(state, rec, DropCause.ID_REUSE, scope)
+    rec.stray_receipts = 0  # a new generation: the old one's late receipts are not its
     rec.broken = False
     rec.next_start_token = None
     rec.phase = Phase.ACTIVE
@@ -158,6 +159,7 @@ def on_preempted(state: State, event: RequestPreempted, scope: Scope) -> None:
     if rec is None:
         return
     drop_pending(state, rec, DropCause.PREEMPTED, scope)
+    rec.stray_receipts = 0  # the stores start over: an abandoned batch's receipts end here
     rec.broken = False
     rec.next_start_token = None
     if rec.batch is not None and not rec.batch.orphaned:

@@ -69,12 +69,52 @@ def test_late_receipts_of_an_abandoned_batch_never_settle_the_next_one() -> None
     h.offer("a")
     h.finish("a")
     new = h.tick().one(SubmitStore)
-    late = h.receipts({"a": 1}, failed=["a"])  # the old batch's report, at last
-    assert {i.reason for i in late.of(ReceiptIgnored)} == {IgnoreReason.LEASE_EXPIRED}
+    late = h.receipts({"a": 1})  # the old batch's receipt, at last
+    assert late.one(ReceiptIgnored).reason is IgnoreReason.LEASE_EXPIRED
     assert late.of(StoreSettled) == [] and h.state.batches  # the new batch still waits
     settled = h.complete("a").one(StoreSettled)
     assert settled.batch_id != step.one(StoreAbandoned).batch_id and not settled.failed
     assert new.req_id == "a" and h.pins == {} and check_all(h.state) == []
+
+
+def test_a_failure_report_is_never_ignored_while_a_batch_could_have_failed() -> None:
+    """A late failure may be the abandoned batch's or the new one's: failing
+    the new one is safe (nothing is stored), ignoring it is not."""
+    h = _reused_behind_a_silent_batch()
+    h.tick(dt_s=5.0)  # the old batch abandoned: one receipt still due
+    h.offer("a")
+    h.finish("a")
+    h.tick().one(SubmitStore)
+    late = h.receipts({"a": 1}, failed=["a"])
+    assert late.one(ReceiptIgnored).reason is IgnoreReason.LEASE_EXPIRED  # the receipt
+    assert h.complete("a").one(StoreSettled).failed
+    assert h.pins == {} and check_all(h.state) == []
+
+
+def test_after_a_lost_receipt_a_preempted_and_resumed_request_settles_on_its_own() -> None:
+    """World size 2, one receipt of a batch lost: abandoned at the lease with
+    one receipt still due. The request is preempted and resumes: the stray
+    credit ends with the preemption, and its next batch settles on its own
+    two receipts, not swallowed, not held for a lease."""
+    h = Harness(ea(receipt_lease_s=5.0), world_size=2)
+    h.queue = list(range(10_000, 10_100))
+    h.arrive("r")
+    h.offer("r")
+    for block in reversed(h.blocks_of["r"][0]):  # its blocks at the eviction head
+        h.queue.insert(0, block)
+    assert h.tick(allocated=4).one(SubmitStore).req_id == "r"
+    h.receipts({"r": 1})  # one rank reports; the other's receipt is lost
+    assert h.tick(dt_s=5.0).one(StoreAbandoned).receipts == 1
+    assert h.state.requests["r"].stray_receipts == 1
+    h.preempt("r")
+    assert h.state.requests["r"].stray_receipts == 0
+    h.arrive("r")
+    h.offer("r")
+    for block in reversed(h.blocks_of["r"][-1]):
+        h.queue.insert(0, block)
+    assert h.tick(allocated=4).one(SubmitStore).req_id == "r"
+    settled = h.receipts({"r": 2}).one(StoreSettled)
+    assert not settled.failed and h.pins == {} and check_all(h.state) == []
 
 
 def test_an_abandoned_batch_of_a_live_chain_drops_the_held_back_ops() -> None:
