@@ -14,9 +14,11 @@ the workers before the scheduler-side connector's ``shutdown`` runs
 :func:`install` chains one call in front of the handlers that are there:
 ``on_signal`` only notes the time (it runs between two bytecodes of the
 main thread, possibly inside a core step), then the previous handler runs
-unchanged. Nothing is installed off the main thread, or where no Python
-handler for SIGTERM is present (not vLLM's engine-core process: an
-in-process engine never steps without a caller, so no flush could run).
+unchanged. Nothing is installed off the main thread, or unless the SIGTERM
+handler there is vLLM's engine core's (:data:`VLLM_ENGINE_CORE`, the module
+that defines it): an application that embeds an in-process engine, where a
+SIGTERM or SIGINT may mean "cancel", keeps its signals to itself, and its
+log and offload are not sealed by one.
 
 A signal the kernel delivers to another thread (any thread that does not
 block it may get a process-directed signal) is never heard by an idle
@@ -30,12 +32,14 @@ handler does on whatever thread the signal lands) and starts one daemon
 thread, ``lazy-offload-signal``, that reads it: a SIGTERM/SIGINT after which
 the chained handler has not run within :data:`FORWARD_AFTER_S` is sent again
 to the main thread (``signal.pthread_kill``), once. The byte that forward
-causes is not forwarded again. vLLM's handler is idempotent (it sets a flag
-and arms a one-shot wakeup), so a signal heard twice (two signals that
-CPython ran as one call, say) is harmless. Where another owner already set
-a wakeup fd, it is left alone and nothing is forwarded. A child forked after
-:func:`install` drops the wakeup fd it inherits (its signals would otherwise
-reach the parent's forwarder, which would send them to the parent).
+causes is not forwarded again, and nothing is forwarded once vLLM's handler
+has run (two signals CPython ran as one handler call leave a byte over) or
+the signal's handler is no longer ours (vLLM tearing down restores the
+default disposition, which a forward would turn into a kill). Where another
+owner already set a wakeup fd, it is left alone and nothing is forwarded. A
+child forked after :func:`install` drops the wakeup fd it inherits (its
+signals would otherwise reach the parent's forwarder, which would send them
+to the parent).
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ from typing import Any, Final
 from connector.logs import get_logger
 
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+VLLM_ENGINE_CORE: Final = "vllm.v1.engine.core"
+"""The module whose SIGTERM handler marks vLLM's engine-core process
+(``EngineCoreProc.run_engine_core`` installs it before it builds the
+scheduler)."""
 FORWARD_AFTER_S: Final[float] = 0.2
 """How long after a signal's byte arrives its handler may take to run
 before the signal is sent to the main thread."""
@@ -70,14 +78,16 @@ def install(on_signal: Callable[[], None]) -> bool:
     module docstring)."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    if not callable(signal.getsignal(signal.SIGTERM)):
+    if getattr(signal.getsignal(signal.SIGTERM), "__module__", None) != VLLM_ENGINE_CORE:
         return False
     heard = _Heard()
+    ours: dict[int, Any] = {}
     for signum in _SIGNALS:
         previous = signal.getsignal(signum)
         if callable(previous):
-            signal.signal(signum, _chained(on_signal, heard, previous))
-    _start_forwarder(heard)
+            ours[signum] = _chained(on_signal, heard, previous)
+            signal.signal(signum, ours[signum])
+    _start_forwarder(heard, ours)
     return True
 
 
@@ -103,7 +113,7 @@ def _chained(
     return handler
 
 
-def _start_forwarder(heard: _Heard) -> None:
+def _start_forwarder(heard: _Heard, ours: dict[int, Any]) -> None:
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # set_wakeup_fd's requirement
     try:
@@ -119,7 +129,7 @@ def _start_forwarder(heard: _Heard) -> None:
     os.register_at_fork(after_in_child=functools.partial(_forget_in_child, writer.fileno()))
     main_id = threading.main_thread().ident
     assert main_id is not None
-    threading.Thread(target=_forward, args=(reader, writer, heard, main_id),
+    threading.Thread(target=_forward, args=(reader, writer, heard, main_id, ours),
                      name="lazy-offload-signal", daemon=True).start()
 
 
@@ -134,9 +144,11 @@ def _forget_in_child(wakeup_fd: int) -> None:
         pass
 
 
-def _forward(reader: socket.socket, writer: socket.socket, heard: _Heard, main_id: int) -> None:
+def _forward(reader: socket.socket, writer: socket.socket, heard: _Heard, main_id: int,
+             ours: dict[int, Any]) -> None:
     """The forwarder's loop (module docstring). ``writer`` is held by this
-    frame so that its fd, CPython's wakeup fd, stays open."""
+    frame so that its fd, CPython's wakeup fd, stays open; ``ours``: the
+    handler installed for each signal."""
     accounted = 0  # the handler runs already matched to a signal
     echoes = 0  # bytes our own forwards will cause
     while True:
@@ -152,6 +164,8 @@ def _forward(reader: socket.socket, writer: socket.socket, heard: _Heard, main_i
             if _runs_after(heard, accounted, FORWARD_AFTER_S):
                 accounted = heard.runs
                 continue
+            if heard.runs or signal.getsignal(signum) is not ours.get(signum):
+                continue  # vLLM heard one already, or its handler is gone: never again
             _log.warning("lazy offload: the engine's main thread did not hear a signal; "
                          "sent it to the main thread", signal=signal.Signals(signum).name,
                          waited_s=FORWARD_AFTER_S)

@@ -36,6 +36,8 @@ _CHILD = textwrap.dedent("""
         heard.append(signum)
         wake.set()
 
+    if target != "application":  # vLLM's engine core's handler, as install() knows it
+        engine_handler.__module__ = shutdown_signal.VLLM_ENGINE_CORE
     signal.signal(signal.SIGTERM, engine_handler)
     threading.Thread(target=lambda: (wake.wait(), inbox.put("wakeup")), daemon=True).start()
     ours = []
@@ -55,6 +57,26 @@ _CHILD = textwrap.dedent("""
         tid = os.getpid() if target == "main" else parked_tid[0]
         signal_thread(os.getpid(), tid, int(signal.SIGTERM))
 
+    if target == "application":  # an embedding application's handler: left alone
+        print("handler kept", signal.getsignal(signal.SIGTERM) is engine_handler, flush=True)
+        sys.exit(0)
+    if target == "twice":  # two signals during one C call: one handler run, two bytes
+        import hashlib
+
+        def twice():
+            threading.Event().wait(0.2)
+            signal_thread(os.getpid(), os.getpid(), int(signal.SIGTERM))
+            threading.Event().wait(0.05)
+            signal_thread(os.getpid(), os.getpid(), int(signal.SIGTERM))
+
+        threading.Thread(target=twice, daemon=True).start()
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 3_000_000)  # ~1 s in one C call
+        inbox.get()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # vLLM tearing down
+        # (a forward while the C call ran, before the handler could, is right)
+        threading.Event().wait(1.0)  # a forward now would kill this process
+        print("survived", len(heard), flush=True)
+        sys.exit(0)
     if target == "forked child":  # the child's own signal is not the parent's
         child = os.fork()
         if child == 0:
@@ -109,3 +131,20 @@ def test_another_owners_wakeup_fd_is_left_alone() -> None:
     done = _child("main", other_owner=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["installed True", "wakeup fd kept True", "woke 1 1"]
+
+
+def test_an_applications_own_signal_handler_is_left_alone() -> None:
+    """An application embedding an in-process engine keeps its SIGTERM
+    handler: only vLLM's engine core's is chained."""
+    done = _child("application")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["installed False", "handler kept True"]
+
+
+def test_two_signals_heard_as_one_are_not_forwarded_after_the_default_is_back() -> None:
+    """CPython runs its handler once for two signals that came during one C
+    call, leaving a byte unmatched; vLLM then restores SIG_DFL while it tears
+    down. A forward of that byte would kill the engine mid-teardown."""
+    done = _child("twice")
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split("\n")[:2] == ["installed True", "survived 1"]
