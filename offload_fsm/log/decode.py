@@ -209,12 +209,35 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
     raise UnknownTag(kind)
 
 
+MAX_INFLATED_STATE_BYTES: Final[int] = 512 * 1024 * 1024
+"""The most a SNAPSHOT's deflated state may inflate to, whatever it claims."""
+MAX_STATE_RATIO: Final[int] = 64
+"""The most a state inflates per deflated byte: a real state is ints and ids,
+a few times its deflated size; a zip bomb is a thousand."""
+
+
+def inflate_bound(deflated_bytes: int) -> int:
+    """The most a deflated state of ``deflated_bytes`` may inflate to."""
+    return min(MAX_INFLATED_STATE_BYTES, max(1 << 20, MAX_STATE_RATIO * deflated_bytes))
+
+
 def _inflated_state(data: bytes) -> Any:
+    """A SNAPSHOT's deflated state, inflated within :func:`inflate_bound`
+    (:class:`LogCorrupt` past it: a hostile file cannot make the reader
+    allocate more than that)."""
+    bound = inflate_bound(len(data))
+    stream = zlib.decompressobj()
     try:
-        raw = zlib.decompress(data)
+        raw = stream.decompress(data, bound)
     except zlib.error as error:
         raise LogCorrupt(f"SNAPSHOT state does not inflate: {error}") from None
-    return msgpack.unpackb(raw, **_unpackb_options)
+    if stream.unconsumed_tail:
+        raise LogCorrupt(f"SNAPSHOT state inflates past {bound} bytes "
+                         f"({len(data)} deflated)")
+    try:
+        return msgpack.unpackb(raw, **_unpackb_options)
+    except Exception as error:  # msgpack raises several unrelated types
+        raise LogCorrupt(f"SNAPSHOT state does not decode: {error}") from None
 
 
 def _header(seq: int, wall: float, body: dict[str, Any]) -> Header:

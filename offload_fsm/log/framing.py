@@ -128,8 +128,17 @@ _Pending = tuple[int, DamageKind, str]
 _Stop = tuple[int, _Pending | None]
 
 
-def _find_valid(buf: bytes, start: int, final: bool) -> tuple[int, bool]:
-    """Search ``buf`` from ``start`` (inclusive) for the next valid record.
+RESYNC_SLACK_BYTES: Final[int] = 4 * MAX_PAYLOAD_BYTES
+"""Resynchronising checks a CRC at each candidate magic over the length its
+header claims; over a whole scan those checks may cover the data's size plus
+this, so a file crafted with many magics claiming 16 MiB each costs O(size),
+not O(size x 16 MiB). A candidate past the budget is taken as damage."""
+
+
+def _find_valid(buf: bytes, start: int, final: bool, budget: list[int]) -> tuple[int, bool]:
+    """Search ``buf`` from ``start`` (inclusive) for the next valid record,
+    spending at most ``budget[0]`` bytes of CRC work (what it spends is taken
+    off).
 
     Returns ``(q, True)`` when a valid record starts at ``q``.
     Returns ``(q, False)`` when the search cannot continue without more data:
@@ -155,13 +164,15 @@ def _find_valid(buf: bytes, start: int, final: bool) -> tuple[int, bool]:
             if end > n:
                 if not final:
                     return q, False
-            elif crc32(buf[q + HEADER_BYTES : end]) == crc:
-                return q, True
+            elif length <= budget[0]:
+                budget[0] -= length
+                if crc32(buf[q + HEADER_BYTES : end]) == crc:
+                    return q, True
         q += 1
 
 
 def _scan_core(
-    buf: bytes, base: int, final: bool, pending: _Pending | None
+    buf: bytes, base: int, final: bool, pending: _Pending | None, budget: list[int]
 ) -> Generator[Record | Damage, None, _Stop]:
     """Scan ``buf`` (whose first byte is at absolute offset ``base``).
 
@@ -185,7 +196,7 @@ def _scan_core(
             pending = failure
             search_from = pos + 1
         # ---- resynchronise
-        q, ok = _find_valid(buf, search_from, final)
+        q, ok = _find_valid(buf, search_from, final, budget)
         if ok:
             yield _resynced(pending, base + q)
             pending = None
@@ -274,7 +285,7 @@ def scan(
     copied once to ``bytes`` so that payloads are plain immutable bytes.
     """
     buf = data if isinstance(data, bytes) else bytes(data)
-    return _scan_core(buf, start_offset, True, None)
+    return _scan_core(buf, start_offset, True, None, [len(buf) + RESYNC_SLACK_BYTES])
 
 
 def scan_stream(stream: BinaryIO, *, chunk_bytes: int = 1 << 20) -> Iterator[Record | Damage]:
@@ -288,12 +299,14 @@ def scan_stream(stream: BinaryIO, *, chunk_bytes: int = 1 << 20) -> Iterator[Rec
     tail = b""
     base = 0
     pending: _Pending | None = None
+    budget = [RESYNC_SLACK_BYTES]
     while True:
         chunk = stream.read(chunk_bytes)
         if not chunk:
-            yield from _scan_core(tail, base, True, pending)
+            yield from _scan_core(tail, base, True, pending, budget)
             return
+        budget[0] += len(chunk)
         buf = tail + chunk if tail else bytes(chunk)
-        keep, pending = yield from _scan_core(buf, base, False, pending)
+        keep, pending = yield from _scan_core(buf, base, False, pending, budget)
         tail = buf[keep:]
         base += keep
