@@ -82,6 +82,17 @@ def check_vllm_config(vllm_config: Any) -> Settings:
     return settings
 
 
+def engine_index_of(parallel_config: Any) -> int:
+    """The engine's data-parallel index. vLLM resets ``data_parallel_rank``
+    to 0 in every engine of a dense model
+    (``ParallelConfig.reconfigure_for_independent_dp_rank``) and keeps the
+    real index in ``data_parallel_index``."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    return int(index or 0)
+
+
 def _pool_hash(block_hash: Any) -> Any:
     """A request's block hash as the pool's block holding it carries it (with
     its KV group)."""
@@ -98,7 +109,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             return  # eager, or the worker role: LMCache's own code throughout
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
-        engine_index = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+        engine_index = engine_index_of(vllm_config.parallel_config)
         recorder = _make_handoff(settings, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,

@@ -104,3 +104,15 @@ def test_a_fixed_key_is_asked_for_explicitly_and_checked() -> None:
     assert blocks.fingerprinter(env)(block_hash) == blocks.fingerprinter(env)(block_hash)
     with pytest.raises(ValueError, match=blocks.KEY_ENV):
         blocks.fingerprinter({blocks.KEY_ENV: "not hex"})
+
+
+def test_the_engine_index_is_vllms_data_parallel_index_not_the_reset_rank() -> None:
+    """For a dense model vLLM resets ``data_parallel_rank`` to 0 in every
+    engine; ``data_parallel_index`` keeps the engine's own."""
+    from types import SimpleNamespace
+
+    from connector.lmcache_connector import engine_index_of
+
+    assert engine_index_of(SimpleNamespace(data_parallel_rank=0, data_parallel_index=1)) == 1
+    assert engine_index_of(SimpleNamespace(data_parallel_rank=2)) == 2  # an older vLLM
+    assert engine_index_of(SimpleNamespace()) == 0
