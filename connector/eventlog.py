@@ -43,6 +43,12 @@ Contract towards the caller (the vLLM scheduler thread)
 * Appends are intended to come from one thread (the scheduler).  Several
   producer threads are safe (the deque operations are atomic) but the queue
   bound and the loss accounting are then approximate.
+* A shared directory (several engines, several ``vllm serve``): each writer
+  holds its open file with an ``flock`` that dies with its descriptor, and
+  retention deletes only files no live writer holds; every writer keeps the
+  directory's total (all runs) within ``max_total_bytes`` less the files
+  being written. A file gone before its turn, or one this process may not
+  delete, is skipped (logged once per cause) and the pass goes on.
 * With ``item_bytes``, the queue is bounded in bytes too
   (``queue_max_bytes``, each item weighing what ``item_bytes`` says).
 * A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
@@ -55,6 +61,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import itertools
 import logging
 import os
@@ -202,7 +209,7 @@ class EventLogWriter:
         self._encode_errors = 0
         self._warned_encode = False
         self._warned_plain_rotation = False
-        self._warned_retention = False
+        self._retention_warned: set[str] = set()
         self._broken: BaseException | None = None
         self._outage_lost = 0  # events dropped since the I/O failure
         self._next_retry = 0.0
@@ -717,6 +724,7 @@ class EventLogWriter:
             header = frame(self._encode(self._make_header()))
             with contextlib.ExitStack() as cleanup:
                 f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=_private)
+                _hold(f)
                 cleanup.callback(_discard, f, path)
                 for part in (header, gap, record):
                     if part is not None:
@@ -842,9 +850,10 @@ class EventLogWriter:
         self._seqno += 1
         self._due = False
         path = self._dir / file_name(self.prefix, self._seqno)
-        # "x": never clobber an existing log.
+        # "x": never clobber an existing log; held while written (retention).
         self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192),
                            opener=_private)
+        _hold(self._file)
         self._files.append(path)
         self._file_bytes = 0
         self._file_records = 0
@@ -853,43 +862,91 @@ class EventLogWriter:
     # ------------------------------------------------------------ retention
 
     def _enforce_retention(self) -> None:
-        """Delete the directory's oldest log files (any run, by modification
-        time) until the total is within ``max_total_bytes``; never the file
-        being written."""
+        """Delete the directory's oldest log files (any run, any process, by
+        modification time) until the total is within ``max_total_bytes``.
+        Never a file a live writer holds (its lock, :func:`_held`), so never
+        this writer's own; a file another process deleted first, or one this
+        process may not delete, is skipped (logged once per cause) and the
+        pass goes on. Every process writing to the directory runs the same
+        pass, so the bound holds across them, less the files being written."""
         bound = self._max_total_bytes
         if bound is None:
             return
         current = self._files[-1] if self._file is not None and self._files else None
+        entries = []
+        total = 0
         try:
-            entries = []
-            total = 0
-            for path in self._dir.iterdir():
-                if parse_file_name(path.name) is None:
-                    continue
-                if current is not None and path == current:
-                    total += self._file_bytes
-                    continue
-                stat = path.stat()
-                if not os.path.isfile(path):
-                    continue
-                entries.append((stat.st_mtime_ns, file_sort_key(path.name), path, stat.st_size))
-                total += stat.st_size
-            entries.sort()
-            for _, _, path, size in entries:
-                if total <= bound:
-                    break
-                path.unlink()
+            names = os.listdir(self._dir)
+        except OSError as exc:
+            self._retention_failed("listing", exc)
+            return
+        for name in names:
+            if parse_file_name(name) is None:
+                continue
+            path = self._dir / name
+            if current is not None and path == current:
+                total += self._file_bytes
+                continue
+            try:
+                info = path.stat()
+            except OSError as exc:  # gone since the listing (another writer deleted it)
+                self._retention_failed("vanished", exc)
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            entries.append((info.st_mtime_ns, file_sort_key(name), path, info.st_size))
+            total += info.st_size
+        entries.sort()
+        for _, _, path, size in entries:
+            if total <= bound:
+                break
+            try:
+                deleted = _delete_unless_held(path)
+            except FileNotFoundError as exc:  # another writer deleted it first
+                self._retention_failed("vanished", exc)
+                total -= size
+                continue
+            except OSError as exc:  # not ours to delete (permissions), say
+                self._retention_failed("not deletable", exc)
+                continue
+            if deleted:
                 total -= size
                 self._files_deleted += 1
                 self._bytes_deleted += size
-        except OSError as exc:
-            if not self._warned_retention:
-                self._warned_retention = True
-                self._warn(f"event log: retention in {self._dir} failed: {exc!r}")
+
+    def _retention_failed(self, cause: str, exc: OSError) -> None:
+        if cause not in self._retention_warned:
+            self._retention_warned.add(cause)
+            self._warn(f"event log: retention in {self._dir}: a file {cause} ({exc!r}); "
+                       "skipped, the pass goes on (logged once per cause)")
 
 
 _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
 _open = open  # the writer's only way to open files (tests replace it to inject failures)
+
+
+def _hold(f: BinaryIO) -> None:
+    """Hold ``f`` against deletion by any writer's retention (an exclusive
+    ``flock``, which dies with the file's descriptor: when the file is closed,
+    or its process dies)."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _delete_unless_held(path: Path) -> bool:
+    """Delete ``path`` unless a live writer holds it (:func:`_hold`); whether
+    it did. The check and the deletion happen under the lock, so a writer
+    cannot take the file in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)
 
 
 def _private(path: str, flags: int) -> int:

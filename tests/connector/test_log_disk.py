@@ -9,6 +9,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -484,3 +485,85 @@ def test_a_writable_log_dir_gets_the_configured_bounds(
     assert spec["max_total_bytes"] == 2 * 1024 * 1024
     assert spec["budget_bytes"] == 3 * 1024 * 1024
     assert spec["header_config"] == settings.to_wire()
+
+# --------------------------------------------------------------------------
+# A directory shared by several processes.
+
+_WRITER = """
+import os, sys, time
+from connector.eventlog import EventLogWriter
+directory, prefix, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+w = EventLogWriter(directory, encode=lambda item: item, make_header=lambda: b"H" * 64,
+                   make_gap=lambda n: b"G", prefix=prefix, max_file_bytes=16 * 1024,
+                   max_total_bytes=64 * 1024, register_atexit=False, flush_interval_s=0.01)
+if mode == "idle":  # one file, open, and nothing more
+    w.append(b"x" * 1024)
+    print("open", w.files[-1], flush=True)
+    time.sleep(120)
+else:  # busy: rotates through far more than the bound
+    for _ in range(2000):
+        w.append(b"y" * 1024)
+        time.sleep(0.0005)
+    w.close()
+    print("done", len(w.files), w.stats()["files_deleted"], flush=True)
+"""
+
+
+def _writer_process(directory: Path, prefix: str, mode: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen([sys.executable, "-c", _WRITER, str(directory), prefix, mode],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_a_shared_directory_keeps_its_bound_and_never_deletes_a_live_writers_file(
+        tmp_path: Path) -> None:
+    """Two writer processes in one directory: a busy one rotating far past
+    the bound deletes its own old files but never the idle one's open file;
+    once the idle one is killed mid-file, its file is fair game."""
+    idle = _writer_process(tmp_path, "idle", "idle")
+    try:
+        assert idle.stdout is not None
+        line = idle.stdout.readline().split()
+        assert line[0] == "open"
+        idle_file = Path(line[1])
+        time.sleep(0.2)  # its first record reaches the file
+        busy = _writer_process(tmp_path, "busy", "busy")
+        out, _ = busy.communicate(timeout=120)
+        assert busy.returncode == 0 and out.startswith("done")
+        assert idle_file.exists(), "retention deleted a live writer's open file"
+        total = sum(p.stat().st_size for p in tmp_path.glob("*.lolog"))
+        assert total <= 64 * 1024 + 2 * 16 * 1024  # the bound, less the files being written
+        idle.kill()
+        idle.wait(timeout=10)
+        again = _writer_process(tmp_path, "busy", "busy")
+        again.communicate(timeout=120)
+        assert not idle_file.exists(), "a dead writer's file stayed past the bound"
+    finally:
+        idle.kill()
+
+
+def test_a_file_that_vanishes_or_may_not_be_deleted_is_skipped_and_the_pass_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import connector.eventlog as eventlog
+
+    warnings: list[str] = []
+    for n in range(6):
+        (tmp_path / f"old-{n:06d}.lolog").write_bytes(b"\0" * 10_000)
+        os.utime(tmp_path / f"old-{n:06d}.lolog", (n, n))
+    refused = {tmp_path / "old-000000.lolog": PermissionError(13, "not yours"),
+               tmp_path / "old-000001.lolog": FileNotFoundError(2, "gone")}
+    real = eventlog._delete_unless_held
+
+    def delete(path: Path) -> bool:
+        if path in refused:
+            raise refused[path]
+        return real(path)
+
+    monkeypatch.setattr(eventlog, "_delete_unless_held", delete)
+    w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item, make_header=lambda: b"H",
+                       make_gap=lambda n: b"G", warn=warnings.append, prefix="run",
+                       max_total_bytes=25_000, register_atexit=False)
+    w.close()
+    left = sorted(p.name for p in tmp_path.glob("old-*"))
+    assert left == ["old-000000.lolog", "old-000001.lolog", "old-000005.lolog"]
+    assert len(warnings) == 2  # one per cause, and the pass went on past both
