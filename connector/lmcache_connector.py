@@ -48,7 +48,13 @@ from connector.manager import EventSourcedManager
 from connector.recording import installed_versions
 from connector.supervisor import launcher
 from offload_fsm import parse_config
-from offload_fsm.vocabulary.config import PREFIX, ConfigError, Policy, Settings
+from offload_fsm.vocabulary.config import (
+    PREFIX,
+    ConfigError,
+    Policy,
+    Settings,
+    engine_endpoint,
+)
 from offload_fsm.vocabulary.decisions import SelectReason
 
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
@@ -249,7 +255,8 @@ def _make_handoff(
     spec = {
         "directory": directory, "prefix": prefix, "engine_index": engine_index,
         "world_size": world_size, "header_config": settings.to_wire(),
-        "versions": installed_versions(), "pub_endpoint": shell.log_pub_endpoint,
+        "versions": installed_versions(),
+        "pub_endpoint": engine_endpoint(shell.log_pub_endpoint, engine_index),
         "max_file_bytes": max(1, round(shell.log_max_file_mib * _MIB)),
         "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
         "budget_bytes": budget,

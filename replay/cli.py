@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="lanes for the N requests with the most store ops (default 40)")
     command.add_argument("--requests", help="ID,ID,...: lanes for these requests instead")
     command = sub.add_parser("tail", help="follow a live event stream (ZeroMQ SUB)")
-    command.add_argument("endpoint", help="e.g. tcp://127.0.0.1:5600")
+    command.add_argument("endpoint", nargs="+",
+                         help="e.g. tcp://127.0.0.1:5600 (several: one per engine)")
     command.add_argument("--count", type=int, default=0, help="stop after N records")
     command.add_argument("--timeout", type=float, default=0.0,
                          help="stop after S seconds without a record")

@@ -1,4 +1,4 @@
-"""``tail``: follow a running server's event stream over ZeroMQ.
+"""``tail``: follow a running server's event streams over ZeroMQ (one per engine).
 
 The connector's recorder (``lmcache.mp.lazy_offload_log_pub_endpoint``)
 binds a PUB socket and publishes every framed record as a two-part message
@@ -11,8 +11,10 @@ publisher's high-water mark, by a slow subscriber, or before it joined).
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, scan
@@ -55,36 +57,55 @@ def describe(record: LogRecord) -> str:
 
 
 def follow(
-    endpoint: str,
+    endpoints: str | Sequence[str],
     emit: Callable[[str], None],
     *,
     max_records: int = 0,
     timeout_s: float = 0.0,
 ) -> int:
-    """Print records until ``max_records`` (0 = forever), END, or ``timeout_s``
-    without a message (0 = wait forever). Returns the number of gaps seen."""
+    """Print records until ``max_records`` (0 = forever, over all streams),
+    END on every stream, or ``timeout_s`` without a message (0 = wait
+    forever). Several endpoints (one per engine): one subscription each, and
+    each line says which stream (``[n]``, its place in ``endpoints``).
+    Returns the number of gaps seen."""
     import zmq
 
+    listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
     context = zmq.Context()
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.SUBSCRIBE, PUB_TOPIC)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(endpoint)
     poller = zmq.Poller()
-    poller.register(socket, zmq.POLLIN)
-    printer = _Printer(emit)
+    streams: dict[Any, _Printer] = {}
+    for number, endpoint in enumerate(listed):
+        socket = context.socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, PUB_TOPIC)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(endpoint)
+        poller.register(socket, zmq.POLLIN)
+        label = f"[{number}] " if len(listed) > 1 else ""
+        streams[socket] = _Printer(functools.partial(_labelled, emit, label))
+    ended: set[Any] = set()
+    seen = 0
     try:
-        while max_records <= 0 or printer.seen < max_records:
-            if not poller.poll(int(timeout_s * 1000) if timeout_s > 0 else None):
+        while (max_records <= 0 or seen < max_records) and len(ended) < len(streams):
+            ready = poller.poll(int(timeout_s * 1000) if timeout_s > 0 else None)
+            if not ready:
                 emit(f"no record for {timeout_s}s; stopping")
                 break
-            _topic, data = socket.recv_multipart()
-            if printer.on_message(data):
-                break
+            for socket, _ in ready:
+                _topic, data = socket.recv_multipart()
+                printer = streams[socket]
+                before = printer.seen
+                if printer.on_message(data):
+                    ended.add(socket)
+                seen += printer.seen - before
     finally:
-        socket.close(linger=0)
+        for socket in streams:
+            socket.close(linger=0)
         context.term()
-    return printer.gaps
+    return sum(printer.gaps for printer in streams.values())
+
+
+def _labelled(emit: Callable[[str], None], label: str, line: str) -> None:
+    emit(label + line)
 
 
 class _Printer:

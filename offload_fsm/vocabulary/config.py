@@ -322,6 +322,20 @@ def _validate(config: OffloadConfig | ShellConfig) -> None:
                           f"{PREFIX}_log_pub_allow_remote to true")
 
 
+def engine_endpoint(endpoint: str, engine_index: int) -> str:
+    """The live stream's endpoint for one engine: ``{engine}`` in the key's
+    value becomes the engine index (``ipc:///run/lazy-offload-{engine}.sock``);
+    without it, a ``tcp://`` endpoint's port is offset by the index (engine 1
+    of ``tcp://127.0.0.1:5600`` binds 5601), so engines sharing the key never
+    contend for one address."""
+    if "{engine}" in endpoint:
+        return endpoint.replace("{engine}", str(engine_index))
+    host, sep, port = endpoint.rpartition(":")
+    if engine_index and endpoint.startswith("tcp://") and sep and port.isdigit():
+        return f"{host}:{int(port) + engine_index}"
+    return endpoint
+
+
 def is_local_endpoint(endpoint: str) -> bool:
     """Whether a ZeroMQ endpoint is reachable from this host only: ``ipc://``,
     or ``tcp://`` on a loopback address."""

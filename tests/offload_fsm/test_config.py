@@ -386,3 +386,16 @@ def test_the_hand_off_budget_defaults_to_64_mib_and_refuses_nonsense() -> None:
     for value in (0, -1, math.nan, "lots", True):
         with pytest.raises(ConfigError, match="log_budget_mib"):
             parse_config({f"{P}_log_budget_mib": value})
+
+
+def test_each_engine_gets_its_own_stream_endpoint() -> None:
+    from offload_fsm.vocabulary.config import engine_endpoint
+
+    assert engine_endpoint("ipc:///run/lo-{engine}.sock", 3) == "ipc:///run/lo-3.sock"
+    assert engine_endpoint("tcp://127.0.0.1:56{engine}0", 1) == "tcp://127.0.0.1:5610"
+    assert engine_endpoint("tcp://127.0.0.1:5600", 0) == "tcp://127.0.0.1:5600"
+    assert engine_endpoint("tcp://127.0.0.1:5600", 2) == "tcp://127.0.0.1:5602"
+    assert engine_endpoint("tcp://[::1]:5600", 1) == "tcp://[::1]:5601"
+    assert engine_endpoint("", 4) == ""
+    parsed = parse_config({f"{P}_log_pub_endpoint": "tcp://127.0.0.1:56{engine}0"})
+    assert parsed.shell.log_pub_endpoint == "tcp://127.0.0.1:56{engine}0"

@@ -144,6 +144,34 @@ def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
     assert not any("GAP" in line for line in lines), lines
 
 
+def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
+    pytest.importorskip("zmq")
+    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    lines: list[str] = []
+    thread = threading.Thread(target=lambda: follow(endpoints, lines.append, timeout_s=5.0))
+    thread.start()
+    time.sleep(0.3)
+    recorders = [EventRecorder(CONFIG, 1, str(tmp_path / f"e{n}"), VERSIONS, prefix="run",
+                               register_atexit=False, pub_endpoint=endpoint, digest_every=1,
+                               engine_index=n)
+                 for n, endpoint in enumerate(endpoints)]
+    time.sleep(0.5)  # the slow-joiner window of PUB/SUB
+    for recorder in recorders:
+        world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
+                               sink=recorder.record)
+        for step in range(3):
+            world.arrive(f"r{step}")
+            world.schedule([f"r{step}"], next_step_blocks=2)
+        recorder.close(world.state)
+    thread.join(10)
+    assert not thread.is_alive(), "tail did not stop at both ENDs"
+    for label in ("[0] ", "[1] "):
+        mine = [line[len(label):] for line in lines if line.startswith(label)]
+        assert any(" inputs " in line for line in mine), lines
+        assert any(" end (" in line for line in mine), lines
+    assert not any("GAP" in line for line in lines), lines
+
+
 def test_explain_summarises_block_lists_and_verbose_lists_every_id(tmp_path: Path) -> None:
     from replay.explain import blocks_text
 
