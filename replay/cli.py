@@ -23,7 +23,7 @@ from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
 from replay.parallel import replay_parallel
-from replay.reader import UsageError
+from replay.reader import UsageError, run_prefixes
 from replay.runner import ReplayResult, config_of, replay, spaced_collections
 
 EXIT_OK = 0
@@ -166,21 +166,59 @@ def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
     }
 
 
+def _runs(args: argparse.Namespace) -> list[str | None]:
+    """The runs a command covers: the one ``--prefix`` names, or every run of
+    the directory (several engines may share it)."""
+    return [args.prefix] if args.prefix is not None else run_prefixes(args.log)
+
+
 def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Every run of the log, each as :func:`_verify_run` reports it; with
+    several, a line per run and the total."""
     if args.workers < 0:
         raise UsageError("--workers must be >= 0")
-    result = (replay(args.log, prefix=args.prefix, check_snapshots=args.snapshots)
+    runs = _runs(args)
+    if len(runs) == 1:
+        return _verify_run(args, runs[0], out, err)[0]
+    codes, results = {}, {}
+    for prefix in runs:
+        assert prefix is not None
+        if not args.json:
+            print(f"== run {prefix}", file=out)
+        codes[prefix], results[prefix] = _verify_run(args, prefix, out, err,
+                                                     json_out=False if args.json else None)
+    code = max(codes.values())
+    events = sum(result.events_applied for result in results.values())
+    if args.json:
+        json.dump({"ok": code == EXIT_OK, "events_applied": events,
+                   "runs": {prefix: _verify_json(results[prefix], codes[prefix])
+                            for prefix in runs if prefix is not None}}, out, indent=2)
+        out.write("\n")
+        return code
+    engines = sorted({result.header.engine_index for result in results.values()
+                      if result.header is not None})
+    print(f"== total: {len(runs)} runs (engines {', '.join(map(str, engines))}), {events} "
+          f"events replayed, {sum(c == EXIT_OK for c in codes.values())} of {len(runs)} OK",
+          file=out)
+    return code
+
+
+def _verify_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err: TextIO,
+                json_out: bool | None = None) -> tuple[int, ReplayResult]:
+    result = (replay(args.log, prefix=prefix, check_snapshots=args.snapshots)
               if args.workers == 1 else
-              replay_parallel(args.log, prefix=args.prefix, workers=args.workers,
+              replay_parallel(args.log, prefix=prefix, workers=args.workers,
                               check_snapshots=args.snapshots))
     divergence = result.divergence
     rejection = result.rejection
     code = EXIT_DIVERGED if divergence is not None or rejection is not None else (
         EXIT_CORRUPT if _problems(result) else EXIT_OK)
+    if json_out is False:
+        return code, result
     if args.json:
         json.dump(_verify_json(result, code), out, indent=2)
         out.write("\n")
-        return code
+        return code, result
     if result.header is not None:
         header = result.header
         print(f"engine {header.engine_index}, {header.policy}, world size {header.world_size}",
@@ -210,7 +248,7 @@ def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"replay stopped early: {result.stopped}", file=out)
     if code == EXIT_OK:
         print("OK: every outcome and digest matches", file=out)
-    return code
+    return code, result
 
 
 def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -248,11 +286,47 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _summary(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The summary of each run (per engine, when several share the directory)
+    and, with several, their ledgers added up."""
+    runs = _runs(args)
+    if len(runs) == 1:
+        return _summary_run(args, runs[0], out, err)[0]
+    codes, totals = [], {"admitted": 0, "stored": 0, "pending": 0}
+    closes = True
+    datas = {}
+    for prefix in runs:
+        if not args.json:
+            print(f"== run {prefix}", file=out)
+        code, data = _summary_run(args, prefix, out, err, quiet_json=args.json)
+        codes.append(code)
+        if data is not None:
+            datas[prefix] = data
+            ops = data["ledger"]["ops"]
+            for key in totals:
+                totals[key] += int(ops.get(key, 0))
+            closes = closes and bool(data["ledger_closes"])
+    if args.json:
+        json.dump({"runs": datas, "total": {"ops": totals, "ledger_closes": closes}}, out,
+                  indent=2)
+        out.write("\n")
+    else:
+        print(f"== total: {len(runs)} runs: {totals['admitted']} ops admitted, "
+              f"{totals['stored']} stored, {totals['pending']} pending; ledger closes: "
+              f"{'yes' if closes else 'NO'}", file=out)
+    return max(codes)
+
+
+def _summary_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err: TextIO,
+                 quiet_json: bool = False) -> tuple[int, dict[str, Any] | None]:
     observer = summary_mod.SummaryObserver()
-    result = replay(args.log, prefix=args.prefix, observer=observer)
+    result = replay(args.log, prefix=prefix, observer=observer)
     if result.state is None:
-        return _report_damage(result, err) or EXIT_CORRUPT
+        return _report_damage(result, err) or EXIT_CORRUPT, None
     data = summary_mod.summarize(result.state, observer, top=args.top)
+    if quiet_json:
+        code = _report_damage(result, err)
+        _warn_rejected(result, err)
+        return (EXIT_DIVERGED if not data["ledger_closes"] else code), data
     if args.json:
         json.dump(data, out, indent=2)
         out.write("\n")
@@ -261,8 +335,8 @@ def _summary(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     code = _report_damage(result, err)
     _warn_rejected(result, err)
     if not data["ledger_closes"]:
-        return EXIT_DIVERGED
-    return code
+        return EXIT_DIVERGED, data
+    return code, data
 
 
 def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

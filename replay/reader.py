@@ -62,6 +62,20 @@ class UsageError(Exception):
     """A path that is not a log (exit code 2)."""
 
 
+def run_prefixes(path: str | os.PathLike[str]) -> list[str | None]:
+    """The runs of ``path``: a directory's log prefixes, sorted (several
+    engines, or several servers, may share one); ``[None]`` for a file or a
+    directory of one run."""
+    target = Path(path)
+    if not target.is_dir():
+        return [None]
+    prefixes = {parsed[0] for child in target.iterdir()
+                if (parsed := parse_file_name(child.name)) is not None and child.is_file()}
+    if len(prefixes) < 2:
+        return [None]
+    return [*sorted(prefixes)]
+
+
 def run_files(path: str | os.PathLike[str], prefix: str | None = None) -> list[Path]:
     """The files of one run: ``path`` itself, or the ``.lolog`` files of a
     directory ordered by file number (exactly one prefix unless given)."""

@@ -244,3 +244,43 @@ def test_replay_commands_run_with_young_collections_spaced_and_restore_them(
     part = parallel._replay_file((str(mixed_log / "run-000000.lolog"), 0, -1, ""))
     assert part.result.ok and gc.get_threshold() == before
     assert seen[1:] == [runner.YOUNG_COLLECTION_ALLOCATIONS] * 2
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_directory_several_engines_share_verifies_and_sums_per_run(tmp_path: Path) -> None:
+    """Two engines' runs in one directory: verify and summary report each
+    run (with its engine) and the total, instead of refusing the directory."""
+    import json
+
+    from offload_fsm.testing.synthetic import default_config, run_workload
+
+    for engine in (0, 1):
+        recorder = EventRecorder(default_config(), 2, str(tmp_path), VERSIONS,
+                                 prefix=f"run-engine{engine}", engine_index=engine,
+                                 register_atexit=False)
+        world = run_workload(requests=20 + 10 * engine, seed=engine, sink=recorder.record)
+        recorder.close(world.state)
+    code, out, _ = _cli("verify", str(tmp_path))
+    assert code == 0, out
+    assert out.count("OK: every outcome and digest matches") == 2
+    assert "== total: 2 runs (engines 0, 1)" in out and "2 of 2 OK" in out
+    code, out, _ = _cli("verify", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] and set(data["runs"]) == {"run-engine0", "run-engine1"}
+    assert {run["engine_index"] for run in data["runs"].values()} == {0, 1}
+    code, out, _ = _cli("summary", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["total"]["ledger_closes"]
+    assert data["total"]["ops"]["admitted"] == sum(
+        run["ledger"]["ops"]["admitted"] for run in data["runs"].values())
+    code, out, _ = _cli("verify", str(tmp_path), "--prefix", "run-engine1")
+    assert code == 0 and "engine 1" in out and "total" not in out
