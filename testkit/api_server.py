@@ -39,9 +39,11 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> Any:
 
 @contextmanager
 def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
-                       log_path: Path) -> Iterator[int]:
+                       log_path: Path, extra_args: tuple[str, ...] = (),
+                       extra_env: dict[str, str] | None = None) -> Iterator[int]:
     """The server, ready; yields its port. Fails the test if it exits or never
-    becomes healthy (with the log's tail)."""
+    becomes healthy (with the log's tail). ``extra_args`` go on its command
+    line (``--data-parallel-size 2``, say), ``extra_env`` into its environment."""
     import pytest
 
     port = free_port()
@@ -50,12 +52,12 @@ def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
         "--enable-prefix-caching", "--enforce-eager", "--num-gpu-blocks-override", "128",
-        "--kv-transfer-config", json.dumps(kv_transfer_config),
+        "--kv-transfer-config", json.dumps(kv_transfer_config), *extra_args,
     ]
     with log_path.open("wb") as log:
         # Unbuffered: vLLM logs to stdout, and a server that has to be killed at the
         # end would otherwise lose the buffered lines the test reads.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         # An in-process LLM() of an earlier test leaves its own (since deleted)
         # Prometheus multiprocess directory in os.environ; the server makes its own.
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -1,0 +1,88 @@
+"""Data parallelism end to end: the OpenAI server with ``--data-parallel-size
+2`` (what users run), our connector in each engine, one shared log
+directory. Each engine's files, headers and metric series carry its own
+index (vLLM resets ``data_parallel_rank`` to 0 in every engine of a dense
+model; the index is ``data_parallel_index``), ``/metrics`` shows both
+engines' series, and ``replay verify`` and ``replay summary`` over the
+shared directory report each engine and the total."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from offload_fsm.log.decode import LogDecoder
+from offload_fsm.log.framing import scan
+from replay.reader import run_files, run_prefixes
+from testkit.api_server import get, post_json, running_api_server
+from testkit.lmcache_server import LMCacheServer
+from tests.replay.test_verify import _cli
+
+pytestmark = pytest.mark.e2e
+
+P = "vllm:lazy_offload_"
+
+
+def _per_engine(port: int, name: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, text = get(f"http://127.0.0.1:{port}/metrics")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                engine = sample.labels.get("engine", "?")
+                out[engine] = out.get(engine, 0.0) + sample.value
+    return out
+
+
+def test_two_engines_log_and_report_under_their_own_index(
+    tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path,
+) -> None:
+    log_dir = tmp_path / "events"
+    kv_transfer_config = {
+        "kv_connector": "EventSourcedLMCacheMPConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": lmcache_server.connector_config(**{
+            "lmcache.mp.lazy_offload": True,
+            "lmcache.mp.lazy_offload_policy": "FIFO",
+            "lmcache.mp.lazy_offload_threshold": 1,
+            "lmcache.mp.lazy_offload_log_dir": str(log_dir),
+        }),
+    }
+    log_path = tmp_path / "api_server.log"
+    rng = random.Random(5)
+    with running_api_server(tiny_model_dir, kv_transfer_config, log_path,
+                            extra_args=("--data-parallel-size", "2"),
+                            extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as port:
+        for _ in range(8):  # vLLM balances requests over the two engines
+            prompt = [rng.randrange(3, 2048) for _ in range(300)]
+            reply = post_json(f"http://127.0.0.1:{port}/v1/completions", {
+                "model": str(tiny_model_dir), "prompt": prompt, "max_tokens": 4,
+                "temperature": 0.0, "ignore_eos": True})
+            assert reply["usage"]["completion_tokens"] == 4
+        deadline = time.monotonic() + 60
+        while True:
+            admitted = _per_engine(port, f"{P}admitted_ops_total")
+            if len([v for v in admitted.values() if v > 0]) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert set(admitted) == {"0", "1"}, admitted
+        assert all(value > 0 for value in admitted.values()), admitted
+    prefixes = run_prefixes(log_dir)
+    assert len(prefixes) == 2, prefixes
+    engines = set()
+    for prefix in prefixes:
+        first = next(iter(scan(run_files(log_dir, prefix)[0].read_bytes())))
+        engines.add(LogDecoder().decode(first.payload).engine_index)  # type: ignore[union-attr]
+    assert engines == {0, 1}
+    assert any(str(p).endswith("-engine1") for p in prefixes)
+    code, out, err = _cli("verify", str(log_dir))
+    assert code == 0, (out, err)
+    assert "== total: 2 runs (engines 0, 1)" in out and "2 of 2 OK" in out
+    code, out, _ = _cli("summary", str(log_dir), "--json")
+    assert code == 0 and json.loads(out)["total"]["ledger_closes"]
