@@ -8,7 +8,7 @@ from typing import Any
 from connector.narrator import Narrator
 from offload_fsm.vocabulary.decisions import StoreAbandoned
 from offload_fsm.vocabulary.outcome import Outcome
-from tests.offload_fsm.helpers import Harness, ea
+from tests.offload_fsm.test_lease import stored_early
 
 
 class Log:
@@ -22,13 +22,7 @@ class Log:
 
 
 def test_an_abandoned_store_counts_its_held_back_ops_and_leaves_nothing_behind() -> None:
-    h = Harness(ea(receipt_lease_s=5.0))
-    h.queue = list(range(10_000, 10_100))
-    h.arrive("r")
-    h.offer("r")
-    for block in reversed(h.blocks_of["r"][0]):  # its blocks at the eviction head
-        h.queue.insert(0, block)
-    h.tick(allocated=4)  # submitted early
+    h = stored_early(world_size=1)
     h.offer("r")  # buffered behind the batch in flight
     step = h.tick(dt_s=5.0)  # the lease runs out: abandoned, the held-back op dropped
     assert step.one(StoreAbandoned).req_id == "r"

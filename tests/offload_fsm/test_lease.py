@@ -33,6 +33,19 @@ def _submitted(lease_s: float = 10.0, world_size: int = 1) -> Harness:
     return h
 
 
+def stored_early(world_size: int) -> Harness:
+    """EVICTION_AWARE, a 5 s lease: request "r" running, its first op's
+    blocks at the eviction head, so it is selected and submitted at once."""
+    h = Harness(ea(receipt_lease_s=5.0), world_size=world_size)
+    h.queue = list(range(10_000, 10_100))
+    h.arrive("r")
+    h.offer("r")
+    for block in reversed(h.blocks_of["r"][0]):  # its blocks at the eviction head
+        h.queue.insert(0, block)
+    assert h.tick(allocated=4).one(SubmitStore).req_id == "r"  # running, stored early
+    return h
+
+
 def test_a_worker_that_never_reports_is_abandoned_at_the_lease() -> None:
     h = _submitted(lease_s=10.0)
     assert h.tick(dt_s=8.0).of(StoreAbandoned) == []  # 8 s after selection
@@ -96,13 +109,7 @@ def test_after_a_lost_receipt_a_preempted_and_resumed_request_settles_on_its_own
     one receipt still due. The request is preempted and resumes: the stray
     credit ends with the preemption, and its next batch settles on its own
     two receipts, not swallowed, not held for a lease."""
-    h = Harness(ea(receipt_lease_s=5.0), world_size=2)
-    h.queue = list(range(10_000, 10_100))
-    h.arrive("r")
-    h.offer("r")
-    for block in reversed(h.blocks_of["r"][0]):  # its blocks at the eviction head
-        h.queue.insert(0, block)
-    assert h.tick(allocated=4).one(SubmitStore).req_id == "r"
+    h = stored_early(world_size=2)
     h.receipts({"r": 1})  # one rank reports; the other's receipt is lost
     assert h.tick(dt_s=5.0).one(StoreAbandoned).receipts == 1
     assert h.state.requests["r"].stray_receipts == 1
@@ -145,13 +152,7 @@ def test_a_lease_of_zero_never_abandons() -> None:
 
 
 def test_an_abandoned_batch_breaks_a_running_requests_chain() -> None:
-    h = Harness(ea(receipt_lease_s=5.0))
-    h.queue = list(range(10_000, 10_100))
-    h.arrive("r")
-    h.offer("r")
-    for block in reversed(h.blocks_of["r"][0]):  # its blocks at the eviction head
-        h.queue.insert(0, block)
-    assert h.tick(allocated=4).one(SubmitStore).req_id == "r"  # running, stored early
+    h = stored_early(world_size=1)
     h.offer("r")  # buffered behind the batch in flight
     step = h.tick(dt_s=5.0)
     assert step.one(StoreAbandoned).req_id == "r"
