@@ -41,7 +41,7 @@ from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-from connector import metrics, shutdown_signal
+from connector import kv_events, metrics, shutdown_signal
 from connector.eventlog import default_prefix
 from connector.handoff import Handoff
 from connector.manager import EventSourcedManager
@@ -134,6 +134,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             _log.warning("lazy offload: %s_shutdown_flush_s is set, but this is not vLLM's "
                          "engine-core process (no SIGTERM handler on the main thread); "
                          "the shutdown flush is off for this engine", PREFIX)
+        # LMCache-tier KV events for a router: one warning when none will arrive.
+        kv_events.router_blind_warning(vllm_config, self.scheduler_adapter)
 
     def _live_tokens(self, request_id: str) -> Any:
         """The request's own token list (vLLM's ``all_token_ids``), which a
