@@ -19,7 +19,12 @@ each phase:
   ``reserve``, ``reallocations``, ``allocated ids``, ``narrator``;
 * ``core``: every ``offload_fsm.drive`` call (inside ``offer``, ``step``, ...);
 * ``commands``: executing the core's commands (pins, hash reads, stores);
-* ``fingerprints``, ``record`` (the event log on the scheduler thread);
+* ``fingerprints``, ``record`` (the event log's part on the scheduler thread:
+  ``connector.handoff.Handoff.record``, numbering and packing each callback's
+  events and handing each step to the recorder process over ZeroMQ), and
+  inside it ``record pack`` (each callback's events to wire form and msgpack),
+  ``record service`` (the recorder's replies read, its process watched) and
+  ``record send`` (the ZeroMQ send of a step's message);
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
 * ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
   ``update_connector_output``;
@@ -31,7 +36,8 @@ each phase:
   ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
   which land inside whichever phase allocated when a collection came due;
   ``gc in the connector``: those that paused a wrapped connector call (on
-  any thread: one on the writer's holds the GIL the scheduler waits for).
+  any thread of this process; the event log's fold and writer run in the
+  recorder process, whose collections are not here).
 
 The same reports for the slowest 1 % ranked by connector time less its
 collections (what the p99 would be made of without the collector), and,
@@ -86,8 +92,8 @@ _PHASES: dict[str, float] = Counter()
 _INSIDE = [0]  # depth of wrapped connector calls (a collection there stalls the connector)
 # this step's collections: (generation, seconds, thread, allocating package)
 _PAUSES: list[tuple[int, float, str, str]] = []
-_PACKAGES = (("/offload_fsm/", "core"), ("/connector/eventlog", "log"),
-             ("/connector/recording", "log"), ("/connector/", "connector"),
+_PACKAGES = (("/offload_fsm/", "core"), ("/connector/handoff", "log"),
+             ("/connector/supervisor", "log"), ("/connector/", "connector"),
              ("/lmcache/", "lmcache"), ("/vllm/", "vllm"), ("/bench/", "simulator"))
 _BY_MODULE = frozenset(("core", "log", "connector"))  # named down to the module
 # The run serving now (arm, number), and per run and event type the core's
@@ -99,6 +105,9 @@ _RUNS = itertools.count()
 _SERVING: list[tuple[str, int]] = [("", -1)]
 _ARM_EVENTS: dict[tuple[str, int], dict[str, list[float]]] = {}
 _RUN_LOGS: dict[tuple[str, int], tuple[str, str]] = {}  # run -> (its log's directory, prefix)
+# each recorder launcher's settings (its log's directory and prefix), by the
+# launch function a Handoff holds (``connector.supervisor.launcher``)
+_SPECS: dict[Any, dict[str, Any]] = {}
 _UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
 _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)
 
@@ -165,7 +174,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
     from bench.sim import loop
-    from connector import blocks, manager, metrics, recording
+    from connector import blocks, handoff, lmcache_connector, manager, metrics, supervisor
     from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
 
     mgr = manager.EventSourcedManager
@@ -181,7 +190,10 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
         (manager, "drive", "core"),
         (mgr, "_execute", "commands"),
         (blocks, "hashes_of", "fingerprints"),
-        (recording.EventRecorder, "record", "record"),
+        (handoff.Handoff, "record", "record"),
+        (handoff.Handoff, "_pack", "record pack"),
+        (handoff.Handoff, "_service", "record service"),
+        (supervisor.RecorderLink, "send", "record send"),
         (Connector, "get_num_new_matched_tokens", "lookup"),
         (mgr, "on_lookup_result", "lookup_feedback"),
         (metrics.StatsSource, "collect", "stats"),
@@ -195,6 +207,14 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     ):
         _wrap(owner, name, phase)
     _wrap_static(LMCacheMPRequestMetadata, "GetStoreMetadata", "lmc GetStoreMetadata")
+    launcher = lmcache_connector.launcher
+
+    def keeping(spec: Any) -> Any:  # the run's log: where the recorder writes it
+        launch = launcher(spec)
+        _SPECS[launch] = dict(spec)
+        return launch
+
+    lmcache_connector.launcher = keeping  # what _make_handoff calls
     _time_events()
     _time_collections()
     steps: dict[str, list[tuple[float, dict[str, float], int]]] = {}
@@ -204,10 +224,11 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     def filed(self: Any, step: int) -> None:
         if "_profile_run" not in self.__dict__:
             self._profile_run = next(_RUNS)
-            writer = getattr(getattr(self.view.mgr, "_recorder", None), "writer", None)
-            if writer is not None and writer.files:
+            spec = _SPECS.get(getattr(getattr(self.view.mgr, "_recorder", None), "_launch",
+                                      None))
+            if spec is not None:  # the log on: its recorder writes it there
                 _RUN_LOGS[(self.arm.name, self._profile_run)] = (
-                    str(writer.files[0].parent), writer.prefix)
+                    str(spec["directory"]), str(spec["prefix"]))
         _SERVING[0] = (self.arm.name, self._profile_run)  # the core's events until the next
         _PHASES.clear()
         _PAUSES.clear()

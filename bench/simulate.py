@@ -6,10 +6,13 @@
     python -m bench.simulate --scale issue12-small --sweep agentic   # 4 pool sizes
     python -m bench.simulate --scale issue12 --configs 0 --arms "stock eager,ours EA" \
         --rounds 3     # connector cost: arms alternating, the median of each round's ratio
+    python -m bench.simulate --scale issue12 --configs 0 --lookups missing --rounds 3 \
+        --arms "none,stock eager,ours EA (log off),ours EA"   # the event log's cost
 
 Prints the seed and every parameter first, then one table per (workload, pool) config
-(arms as rows), then the loss-mechanism table and the targets check. Metric definitions:
-bench/README.md.
+(arms as rows), then the loss-mechanism table and the targets check; with both "ours
+EA" and "ours EA (log off)", the event log's cost (step times, log on over off, the
+recorder process's CPU). Metric definitions: bench/README.md.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from bench.sim.results import (
     VHEAD,
     ArmResult,
     bucket_table,
+    log_cost_table,
     loss_table,
     rounds_table,
     row,
@@ -89,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the model's forward per step, spent asleep between schedule() and "
                     "update_from_output() as vLLM's engine-core thread waits for its "
                     "executor (default 0: steps back to back)")
+    ap.add_argument("--lookups", choices=("keep", "missing"), default="keep",
+                    help="what the stand-in LMCache server answers a lookup: keep (default): "
+                    "the chunks this arm's workers stored; missing: 0 hit tokens, always (a "
+                    "server that keeps nothing; ours then re-stores what it reports lost)")
     ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     ap.add_argument("--configs", default="", help="comma-separated config indexes (default: all)")
     ap.add_argument("--json", default="", help="write raw results to this file")
@@ -108,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = [configs[int(i)] for i in a.configs.split(",")]
     print(f"# bench.simulate seed={a.seed} scale={a.scale} receipt_delay_steps="
           f"{a.receipt_delay_steps} world_size={a.world_size} store_failure_rate="
-          f"{a.store_failure_rate} model_ms={a.model_ms:g} event_log_dir={log_dir}")
+          f"{a.store_failure_rate} model_ms={a.model_ms:g} lookups={a.lookups} "
+          f"event_log_dir={log_dir}")
     print("# arms: " + "; ".join(f"{x.name}={dict(x.extra)}" for x in all_arms))
     dump = []
     t_all = time.time()
@@ -131,12 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                        max_num_batched_tokens=batched,
                        receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
                        store_failure_rate=a.store_failure_rate, seed=a.seed,
-                       model_ms=a.model_ms)
+                       model_ms=a.model_ms, lookups=a.lookups)
         print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
               f"(block 32 tokens) max_num_seqs={seqs} max_num_batched_tokens="
               f"{sp.max_num_batched_tokens} chunk=256")
         print(f"# workload: {wp.describe()}")
         print(f"# {summarize(sessions)}")
+        print("# lookups: " + ("keep (the stand-in answers from the chunks this arm's workers "
+                               "stored)" if a.lookups == "keep" else
+                               "missing (every lookup answers 0 hit tokens)"))
         sys.stdout.flush()
         rounds: list[list[ArmResult]] = []
         for index in range(max(1, a.rounds)):
@@ -168,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nconnector time per step over {len(rounds)} rounds, arms alternating "
                   "(ms, and over eager's in the same round):\n")
             print(rounds_table(rounds))
+        cost = log_cost_table(rounds)
+        if cost:
+            print(f"\nthe event log's cost: step ms (schedule + update_from_output) with the "
+                  f"log off and on, {len(rounds)} round(s) with arms alternating; the recorder "
+                  "process's CPU per step (bench/sim/recorder.py):\n")
+            print(cost)
         print("\nconnector time per step by backlog bucket (buffered ops at step start):\n")
         print(bucket_table(results))
         print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered op,"

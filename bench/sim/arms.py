@@ -6,10 +6,11 @@ Contract: an :class:`ArmSpec` names one connector configuration: no connector
 ``kv_connector_extra_config`` entries. :func:`standard_arms` is the list
 ``bench.simulate`` compares. :class:`SimParams` is everything else one run fixes:
 the pool, the scheduler's limits, the simulated workers' receipts and failures,
-the model's time per step and the seed. :func:`build_engine` builds, for one arm
-and one :class:`SimParams`, the real vLLM ``Scheduler`` (and with it the
-``KVCacheManager``, the ``BlockPool`` and the connector, made by vLLM's own
-factory) and the block hasher its requests need.
+the model's time per step, what the stand-in's lookups answer and the seed.
+:func:`build_engine` builds, for one arm and one :class:`SimParams`, the real
+vLLM ``Scheduler`` (and with it the ``KVCacheManager``, the ``BlockPool`` and
+the connector, made by vLLM's own factory) and the block hasher its requests
+need.
 
 Theory of operation: the scheduler needs a model config, not a model, so the
 engine runs a config-only tiny Llama (:func:`model_dir`: no weights, no
@@ -112,6 +113,9 @@ class SimParams:
     # The model's forward per step, spent asleep as vLLM's engine-core thread
     # waits for its executor (the GIL free; no connector code runs then).
     model_ms: float = 0.0
+    # "keep": the stand-in answers lookups from what the workers stored; "missing":
+    # every lookup answers 0 hit tokens (a server that keeps nothing).
+    lookups: str = "keep"
 
 
 @attrs.frozen(kw_only=True)

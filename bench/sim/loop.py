@@ -27,7 +27,10 @@ wired in by ``bench.sim.hooks`` with this class as the listener) is timed
 separately and subtracted from the scheduler and connector times it runs inside
 of. As vLLM's engine core does after start-up, the heap built before serving is
 frozen out of the cyclic GC's collections, and the collections while serving
-are counted and timed into the result.
+are counted and timed into the result. With the event log on, serving starts
+once the recorder process is up, and the result is taken after it wrote END
+and exited, so it never runs beside the next arm; its CPU is in the result
+(``bench.sim.recorder``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 from bench.sim import hooks, standin
 from bench.sim.arms import BLOCK_TOKENS, ArmSpec, SimParams, build_engine
 from bench.sim.arrivals import Arrivals
+from bench.sim.recorder import RecorderWatch
 from bench.sim.results import ArmResult
 from bench.sim.truth import GroundTruth, LossAttribution, Retired
 from bench.sim.views import ManagerView
@@ -55,7 +59,8 @@ class Sim:
         self.res = ArmResult(arm=arm.name)
         self._gc_started = 0.0  # the running collection's start (``_collected``)
         self.step = 0
-        self.lm = standin.SimLMCache(BLOCK_TOKENS, params.world_size)
+        self.lm = standin.SimLMCache(BLOCK_TOKENS, params.world_size,
+                                     keeps=params.lookups == "keep")
         # request id -> vLLM Request while it runs, its Retired once finished
         self.requests: dict[str, Any] = {}
         self.lm.requests = self.requests
@@ -65,6 +70,8 @@ class Sim:
         self.pool = engine.pool
         self.connector = engine.connector
         self.view = ManagerView(self.connector, arm)
+        # ours with the log on: its recorder process's CPU (bench.sim.recorder)
+        self.recorder = RecorderWatch.of(self.view.mgr) if arm.kind == "ours" else None
         self.truth = GroundTruth(self.lm, self.res)
         self.losses = LossAttribution(arm, self.view, self.pool, self.requests)
         self.workers = Workers(params, connected=self.connector is not None, lazy=arm.lazy,
@@ -99,6 +106,8 @@ class Sim:
     def run(self) -> ArmResult:
         """Run the arm until every session is done (plus a short idle tail for
         outstanding receipts) or ``max_steps``; return its result."""
+        if self.recorder is not None:
+            self.recorder.wait_up()  # as in vLLM: up before the first request
         # As vLLM's EngineCore does after start-up (``freeze_gc_heap``): the heap
         # built so far (here also the workload and the other arms' leftovers)
         # is left out of the cyclic GC's full collections while serving.
@@ -221,7 +230,24 @@ class Sim:
         res.ledger = self.view.ledger()
         res.losses = self.losses.by_mechanism()
         if self.view.mgr is not None and self.arm.kind == "ours":
+            watch = self.recorder
+            if watch is not None:
+                watch.before_close()
             self.view.mgr.log_final_stats()  # closes the event log
+            if watch is not None:
+                # until the recorder wrote END and exited, so no recorder of this
+                # arm still runs beside the next arm's steps
+                watch.after_end()
+                handoff = watch.handoff
+                res.recorder_cpu_s = watch.serving_cpu_s
+                res.recorder_total_cpu_s = watch.total_cpu_s
+                res.recorder_drain_s = watch.drain_s
+                res.recorder_note = ("restarted" if watch.restarted or
+                                     handoff.stats.recorder_restarts else
+                                     "" if watch.exited else "did not exit")
+                res.log_events_lost = handoff.events_lost
+                res.log_bytes_in_flight_max = handoff.stats.bytes_in_flight_max
+                res.log_bytes_sent = handoff._sent
         return res
 
 

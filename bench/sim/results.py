@@ -55,6 +55,16 @@ class ArmResult:
     # the cyclic GC's collections while serving (any thread), by generation, and their pauses
     gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])
     gc_pause_ms: float = 0.0
+    # ours with the log on (bench.sim.recorder): the recorder process's CPU while
+    # serving and up to its exit after END (seconds), the wall from the close to
+    # that exit, a note ("restarted", "did not exit"), and the hand-off's counters
+    recorder_cpu_s: float = float("nan")
+    recorder_total_cpu_s: float = float("nan")
+    recorder_drain_s: float = float("nan")
+    recorder_note: str = ""
+    log_events_lost: int = 0
+    log_bytes_in_flight_max: int = 0
+    log_bytes_sent: int = 0  # handed to the recorder (its last start's), messages' bytes
 
     def conn_by_bucket(self) -> dict[str, tuple[int, float, float]]:
         out: dict[str, list[float]] = {"0-99": [], "100-999": [], "1000+": []}
@@ -166,3 +176,57 @@ def loss_table(results: list[ArmResult]) -> str:
     head = ["arm"] + mechs
     rows = [[r.arm] + [str(r.losses.get(m, 0)) for m in mechs] for r in results if r.ledger]
     return table(rows, head)
+
+
+LOG_ON, LOG_OFF = "ours EA", "ours EA (log off)"
+
+
+def _step(results: list[ArmResult], name: str) -> tuple[float, float]:
+    r = next((x for x in results if x.arm == name), None)
+    if r is None:
+        return float("nan"), float("nan")
+    return percentile(r.sched_ms, 0.5), percentile(r.sched_ms, 0.99)
+
+
+def log_cost_table(rounds: list[list[ArmResult]]) -> str:
+    """The event log's cost, per round and the medians over rounds: step p50 / p99
+    (ms) of ``none``, ``stock eager``, ``ours EA (log off)`` and ``ours EA`` (log
+    on), the log-on over log-off ratios at p50 and p99, log on over eager at p50,
+    the recorder process's CPU per simulated step (µs) while serving and up to its
+    exit after END (``bench.sim.recorder``), and the bytes handed to it per step.
+    Empty without both ours arms."""
+    names = ["none", "stock eager", LOG_OFF, LOG_ON]
+    head = ["round"] + [f"{n} step p50 / p99" for n in names] + [
+        "on / off p50", "on / off p99", "on / eager p50",
+        "recorder CPU µs/step serving / to exit", "drain after close s", "hand-off B/step",
+        "events lost"]
+    cols: list[list[float]] = [[] for _ in range(len(names) * 2 + 7)]
+    rows = []
+    for index, results in enumerate(rounds):
+        on = next((x for x in results if x.arm == LOG_ON), None)
+        if on is None or not any(x.arm == LOG_OFF for x in results):
+            return ""
+        steps = [v for n in names for v in _step(results, n)]
+        eager50 = steps[2]
+        off50, off99, on50, on99 = steps[4:8]
+        per = 1e6 / max(1, on.steps)
+        values = steps + [on50 / off50, on99 / off99, on50 / eager50 if eager50 else float("nan"),
+                          on.recorder_cpu_s * per, on.recorder_total_cpu_s * per,
+                          on.recorder_drain_s, on.log_bytes_sent / max(1, on.steps)]
+        for col, v in zip(cols, values, strict=False):
+            col.append(v)
+        rows.append(_log_cost_cells(str(index + 1), values, len(names)) +
+                    [str(on.log_events_lost) + (f" ({on.recorder_note})"
+                                                if on.recorder_note else "")])
+    if len(rounds) > 1:
+        med = [statistics.median(c) for c in cols]
+        rows.append(_log_cost_cells("median", med, len(names)) + ["-"])
+    return table(rows, head)
+
+
+def _log_cost_cells(label: str, v: list[float], n: int) -> list[str]:
+    cells = [label] + [f"{fmt(v[2 * i], 3)} / {fmt(v[2 * i + 1], 3)}" for i in range(n)]
+    k = 2 * n
+    return cells + [fmt(v[k], 3), fmt(v[k + 1], 3), fmt(v[k + 2], 2),
+                    f"{fmt(v[k + 3], 0)} / {fmt(v[k + 4], 0)}", fmt(v[k + 5], 2),
+                    fmt(v[k + 6], 0)]

@@ -26,12 +26,15 @@ CHUNK_TOKENS = 256
 
 
 class SimLMCache:
-    """What one arm's LMCache server knows: stored chunk keys (unbounded)."""
+    """What one arm's LMCache server knows: stored chunk keys (unbounded). With
+    ``keeps`` False it is a server that keeps nothing: every lookup answers 0
+    hit tokens (``bench.simulate --lookups missing``)."""
 
-    def __init__(self, block_size: int, world_size: int) -> None:
+    def __init__(self, block_size: int, world_size: int, keeps: bool = True) -> None:
         self.block_size = block_size
         self.blocks_per_chunk = CHUNK_TOKENS // block_size
         self.world_size = world_size
+        self.keeps = keeps
         self.stored: set[bytes] = set()
         self.requests: dict[str, Any] = {}  # request id -> vllm Request (set by the loop)
         self.lookups = 0
@@ -51,7 +54,7 @@ class SimLMCache:
     def lookup(self, req_id: str, n_tokens: int, reserve_last: bool) -> int:
         req = self.requests.get(req_id)
         self.lookups += 1
-        if req is None:
+        if req is None or not self.keeps:
             return 0
         limit = n_tokens - 1 if reserve_last else n_tokens
         hashes = req.block_hashes
