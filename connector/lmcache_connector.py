@@ -44,6 +44,7 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from connector import kv_events, metrics, shutdown_signal
 from connector.eventlog import default_prefix
 from connector.handoff import Handoff
+from connector.logs import LOGGER_NAME
 from connector.manager import EventSourcedManager
 from connector.recording import installed_versions
 from connector.supervisor import launcher
@@ -60,7 +61,7 @@ from offload_fsm.vocabulary.decisions import SelectReason
 DEFAULT_LOG_DIR_ENV = "LAZY_OFFLOAD_LOG_DIR"
 DEFAULT_LOG_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lazy-offload", "logs")
 _MIB = 1024 * 1024
-_log = logging.getLogger(__name__)
+_log = logging.getLogger(LOGGER_NAME)  # in the vllm logger tree: vLLM formats and routes it
 
 
 def _prefix_caching_on(vllm_config: Any) -> bool:

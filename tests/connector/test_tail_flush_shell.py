@@ -82,10 +82,17 @@ def test_the_hook_runs_before_the_handler_it_chains_and_only_where_one_is() -> N
     def vllm_handler(signum: int, frame: Any) -> None:
         calls.append(f"vllm {signum}")
 
+    def application_handler(signum: int, frame: Any) -> None:
+        calls.append("application")
+
+    vllm_handler.__module__ = shutdown_signal.VLLM_ENGINE_CORE  # as vLLM's engine core's is
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         assert not shutdown_signal.install(lambda: calls.append("ours"))  # no handler to chain
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, application_handler)
+        assert not shutdown_signal.install(lambda: calls.append("ours"))  # not vLLM's
+        assert signal.getsignal(signal.SIGTERM) is application_handler
         signal.signal(signal.SIGTERM, vllm_handler)
         assert shutdown_signal.install(lambda: calls.append("ours"))
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
