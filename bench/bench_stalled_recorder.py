@@ -33,7 +33,9 @@ runs the config's load K times as long (sessions and arrival window times K).
 Contract: prints, per run, the RSS at the stop step, the peak up to the resume
 step, the delta, the delta less the log-off run's, the most the run's growth
 exceeded the log-off run's at the same step, ``Handoff.stats.bytes_in_flight_max``,
-the events, ``Handoff.events_lost``, the outages and the step the first began;
+the events, ``Handoff.events_lost``, the outages and the step the first began,
+and glibc's ``mallinfo2()`` growth from the stop to the resume step (bytes in
+use, mmapped blocks included; bytes free inside the heaps: fragmentation);
 then the target: the stalled run's delta less the log-off run's against the
 budget + 10 % (the simulator's own growth is no part of the engine's cost of a
 stalled recorder, so the raw delta is not what the target bounds); then
@@ -46,6 +48,7 @@ workload and parameters: the same decisions every run.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -72,6 +75,21 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def malloc_bytes() -> tuple[int, int]:
+    """glibc's ``mallinfo2()``, all arenas: ``(in use, free inside the heaps)``;
+    in use counts mmapped blocks (pymalloc's arenas among them)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
 class StalledSim(Sim):
     """:class:`bench.sim.loop.Sim` that stops its recorder process (if any) at
     ``stop_at`` and lets it go on at ``resume_at``, reading RSS meanwhile."""
@@ -82,12 +100,14 @@ class StalledSim(Sim):
         self.stop_at, self.resume_at, self.every = stop_at, resume_at, every
         self.stall = stall
         self.rss_at_stop = 0
+        self.malloc_at_stop = self.malloc_at_resume = (0, 0)
         self.samples: list[tuple[int, int]] = []  # (step, RSS) from the stop to the resume
         self.first_outage_step: int | None = None
         self.stopped_pid: int | None = None
 
     def _one_step(self, step: int) -> None:
         if step == self.stop_at:
+            self.malloc_at_stop = malloc_bytes()
             self.rss_at_stop = rss_bytes()
             self.samples.append((step, self.rss_at_stop))
             if self.recorder is not None and self.stall:
@@ -100,6 +120,7 @@ class StalledSim(Sim):
         if self.stop_at <= step <= self.resume_at and (step - self.stop_at) % self.every == 0:
             self.samples.append((step, rss_bytes()))
         if step == self.resume_at:
+            self.malloc_at_resume = malloc_bytes()
             if (step - self.stop_at) % self.every:
                 self.samples.append((step, rss_bytes()))
             self._resume()
@@ -142,6 +163,7 @@ def _one_run(a: argparse.Namespace) -> dict[str, Any]:
     handoff = sim.recorder.handoff if sim.recorder is not None else None
     return {"arm": arm.name, "steps": res.steps, "rss_at_stop": sim.rss_at_stop,
             "samples": sim.samples, "first_outage_step": sim.first_outage_step,
+            "malloc_at_stop": sim.malloc_at_stop, "malloc_at_resume": sim.malloc_at_resume,
             "bytes_in_flight_max": handoff.stats.bytes_in_flight_max if handoff else None,
             "events": handoff._seq if handoff else None,
             "events_lost": handoff.events_lost if handoff else None,
@@ -217,10 +239,13 @@ def main(argv: list[str] | None = None) -> int:
             str(run["events"]) if logged else "-", str(run["events_lost"]) if logged else "-",
             f"{run['outages']} (first at step {run['first_outage_step']})"
             if logged and run["outages"] else "0" if logged else "-",
+            "{:+.1f} / {:+.1f}".format(*((r - b) / _MIB for r, b in zip(
+                run["malloc_at_resume"], run["malloc_at_stop"], strict=True))),
         ])
     head = ["run", "steps", "RSS at the stop MiB", f"peak to step {resume_at} MiB",
             "delta MiB", "delta less log off's MiB", "most over log off, step for step MiB",
-            "bytes in flight max MiB", "events", "events lost", "outages"]
+            "bytes in flight max MiB", "events", "events lost", "outages",
+            "malloc in use / free in heaps, stop to resume MiB"]
     print(f"\nRSS from step {a.stop_at_step} (the recorder stopped in the stalled run) to "
           f"step {resume_at} (SIGCONT):\n")
     print("| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
