@@ -14,9 +14,12 @@ Contract towards the caller (vLLM's scheduler thread)
   wire form with ``full_outcomes``) into msgpack bytes at once, so no event
   object outlives the callback. The callback that closes a batch
   (``log.layout.closes_batch``) sends the batch as one STEP message.
-* It never blocks and never raises because of the log. A message is sent
-  with ``zmq.NOBLOCK`` over ``ipc://``: ZeroMQ's I/O thread moves it without
-  the engine thread's GIL.
+* It never blocks and never raises because of the log. Messages are handed
+  to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its I/O thread moves them
+  without the engine thread's GIL), several steps' together: every
+  ``flush_every_s`` (10 ms) or 64 KiB, and at once for START, REJECT and
+  END. The recorder's replies are read, and its process watched, at the
+  same pace. So an engine killed outright loses at most that much more.
 * Bounded in bytes: the bytes sent and not yet acknowledged by the recorder
   (held by ZeroMQ on either side and by the recorder's writer queue) never
   exceed ``budget_bytes``. A message that does not fit, or any message while
@@ -96,7 +99,12 @@ class Link(Protocol):
     """One recorder process and the socket to it (``connector.supervisor``)."""
 
     def send(self, message: bytes) -> bool:
-        """Hand ``message`` over without blocking; False if it could not be."""
+        """Take ``message``; it may wait for :meth:`flush` (or a batch's
+        worth of others). False if it could not be taken."""
+
+    def flush(self) -> bool:
+        """Hand what :meth:`send` took to ZeroMQ without blocking; False if
+        it could not be (those messages are lost)."""
 
     def replies(self) -> list[tuple[Any, ...]]:
         """The recorder's messages that arrived, without blocking."""
@@ -134,6 +142,7 @@ class Handoff:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         liveness_every_s: float = 0.5,
+        flush_every_s: float = 0.01,
         backoff_s: tuple[float, float] = (1.0, 60.0),
         end_wait_s: float = 2.0,
         register_atexit: bool = True,
@@ -149,6 +158,8 @@ class Handoff:
         self._clock = clock
         self._wall = wall_clock
         self._liveness_every_s = liveness_every_s
+        self._flush_every_s = flush_every_s
+        self._next_flush = 0.0
         self._backoff_min_s, self._backoff_max_s = backoff_s
         self._backoff_s = self._backoff_min_s
         self._end_wait_s = end_wait_s
@@ -175,6 +186,8 @@ class Handoff:
         link = self._try_launch(now, first=True)
         if link is not None and not self._send(link, packb((START, 0, self._wall(), 0, None))):
             self._outage(0, "the recorder did not take its start")
+        elif link is not None:
+            self._flush(link)
         if register_atexit:
             atexit.register(self.wait_for_end)
 
@@ -220,6 +233,8 @@ class Handoff:
         self._seq += len(applied) + 1
         self._batch_seq = self._seq
         self._hand(message, first)
+        if self._link is not None:
+            self._flush(self._link)
 
     def close(self, state: State | None) -> None:
         """Hand END over (with a summary for the final digest when ``state``
@@ -241,6 +256,7 @@ class Handoff:
         message = packb((END, self._seq, self._wall(), summary, lost_from))
         if link is not None and self._send(link, message):
             self._end_at = self._sent
+            self._flush(link)
 
     def wait_for_end(self) -> bool:
         """At the engine's exit: wait at most ``end_wait_s`` for the recorder
@@ -281,8 +297,12 @@ class Handoff:
         looked after: a START that ends an outage holds the batch's events
         in its snapshot, and the batch is not sent; a resync's START follows
         the batch."""
-        if service:
-            self._service(state)
+        now = self._clock()
+        due = now >= self._next_flush
+        if due:
+            self._next_flush = now + self._flush_every_s
+            if service:
+                self._service(state)
         batch = self._batch
         if not batch:
             return
@@ -295,6 +315,8 @@ class Handoff:
         self._batch_seq = self._seq
         self._hand(message, first)
         link = self._link
+        if due and link is not None:
+            self._flush(link)
         if service and self._resync and link is not None and self._lost_from is None:
             self._resume(link, state)
 
@@ -313,6 +335,13 @@ class Handoff:
             self._outage(first_seq, "the recorder's socket refused a message")
             return
         self._unacked.append((self._sent, first_seq))
+
+    def _flush(self, link: Link) -> None:
+        """Hand the messages the link holds to ZeroMQ; if it refuses, their
+        events fall into an outage."""
+        if not link.flush():
+            first = self._unacked[0][1] if self._unacked else self._batch_seq
+            self._outage(first, "the recorder's socket refused a message")
 
     def _send(self, link: Link, message: bytes) -> bool:
         if not link.send(message):
@@ -408,6 +437,7 @@ class Handoff:
             return
         if not self._send(link, message):
             return
+        self._flush(link)
         self._unacked.append((self._sent, self._seq))
         self.stats.events_lost += lost
         self._lost_from = None

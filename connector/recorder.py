@@ -296,11 +296,13 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
         if poller.poll(_POLL_MS):
             while not recorder.done:
                 try:
-                    data = socket.recv(zmq.NOBLOCK)
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                recorder.handle(data)
-                taken += len(data)
+                for data in frames:  # the engine hands several steps over at once
+                    if not recorder.done:
+                        recorder.handle(data)
+                    taken += len(data)
                 if taken - acked >= _ACK_BYTES:
                     break
         now = time.monotonic()
@@ -314,10 +316,12 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
         if not recorder.done and _parent_gone(parent):
             while True:  # what the engine handed over before it died
                 try:
-                    data = socket.recv(zmq.NOBLOCK)
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                recorder.handle(data)
+                for data in frames:
+                    if not recorder.done:
+                        recorder.handle(data)
             if not recorder.done:
                 recorder.vanish(f"the engine process {parent} exited without a clean "
                                 "shutdown")

@@ -35,6 +35,7 @@ from offload_fsm.log.wire import unpackb
 __all__ = ["RecorderLink", "launcher"]
 
 _COPY_BELOW_BYTES = 64 * 1024  # smaller messages are copied (cheaper than tracking a frame)
+_COALESCE_BYTES = 64 * 1024  # held messages are handed over at this size, or at flush()
 
 
 class RecorderLink:
@@ -45,6 +46,8 @@ class RecorderLink:
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
         endpoint = f"ipc://{path}"
         # Connected (the recorder binds): a connecting socket queues what is
         # sent before its peer is there; ZeroMQ connects once it is.
@@ -68,8 +71,20 @@ class RecorderLink:
         self.pid = self._process.pid
 
     def send(self, message: bytes) -> bool:
+        """Hold ``message`` for :meth:`flush`; hand a batch's worth at once."""
+        self._pending.append(message)
+        self._pending_bytes += len(message)
+        return self._pending_bytes < _COALESCE_BYTES or self.flush()
+
+    def flush(self) -> bool:
+        """The held messages as one multipart message (one ZeroMQ call, one
+        wake-up of its I/O thread)."""
+        frames, total = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+        if not frames:
+            return True
         try:
-            self._socket.send(message, zmq.NOBLOCK, copy=len(message) < _COPY_BELOW_BYTES)
+            self._socket.send_multipart(frames, zmq.NOBLOCK, copy=total < _COPY_BELOW_BYTES)
         except zmq.ZMQError:
             return False
         return True

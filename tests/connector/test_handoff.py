@@ -37,6 +37,9 @@ class FakeLink:
     def ack(self) -> None:
         self.pending.append((ACK, self.bytes, None))
 
+    def flush(self) -> bool:
+        return self.accept
+
     def replies(self) -> list[tuple[Any, ...]]:
         out, self.pending = self.pending, []
         return out
@@ -69,7 +72,7 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
 
     return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
                    wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
-                   end_wait_s=0.05, register_atexit=False)
+                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False)
 
 
 def _events(messages: list[Any]) -> int:
@@ -256,7 +259,7 @@ def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, Pi
             "max_file_bytes": 1 << 20, "max_total_bytes": None, "budget_bytes": 1 << 26,
             "digest_every": 50}
     link = PipedLink(lambda reply: Recorder(spec, lambda message: reply(unpackb(message))))
-    handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50,
+    handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50, flush_every_s=0.0,
                       warn=lambda message: None, register_atexit=False)
     return handoff, link
 
@@ -300,3 +303,24 @@ def test_a_live_state_changed_outside_step_shows_in_the_log(
     result = replay(tmp_path)
     assert result.divergence is not None and result.divergence.kind == "digest"
     assert "differs from the snapshot's" in result.divergence.detail
+
+
+def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
+    """Within ``flush_every_s`` the link holds the steps; one flush hands
+    them over (one ZeroMQ call instead of one a step)."""
+    flushes = [0]
+
+    class Counting(FakeLink):
+        def flush(self) -> bool:
+            flushes[0] += 1
+            return True
+
+    link = Counting()
+    clock = Clock()
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
+                      flush_every_s=0.01, register_atexit=False)
+    world = run_workload(requests=20, seed=1, sink=handoff.record)
+    steps = len([m for m in link.messages if m[0] == STEP])
+    assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
+    handoff.close(world.state)
+    assert flushes[0] <= 3 and link.messages[-1][0] == END
