@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import msgpack
 import zmq
 
 from connector.handoff import ACK, END, REJECT, RESYNC, START, STEP, state_summary
@@ -90,8 +91,19 @@ class Recorder:
     # -- messages ------------------------------------------------------------
 
     def handle(self, data: bytes) -> None:
-        self._message_bytes = len(data)
-        message = unpackb(data)
+        """One frame from the engine: its messages, packed back to back (the
+        engine hands several steps over at once)."""
+        unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False,
+                                    max_buffer_size=max(len(data), 1 << 20))
+        unpacker.feed(data)
+        at = 0
+        for message in unpacker:
+            end = unpacker.tell()
+            self._message_bytes, at = end - at, end
+            if not self.done:
+                self._one(message)
+
+    def _one(self, message: Any) -> None:
         kind = message[0]
         if kind == STEP:
             self._step(*message[1:])
@@ -299,7 +311,7 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
                     frames = socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                for data in frames:  # the engine hands several steps over at once
+                for data in frames:
                     if not recorder.done:
                         recorder.handle(data)
                     taken += len(data)

@@ -77,14 +77,17 @@ class RecorderLink:
         return self._pending_bytes < _COALESCE_BYTES or self.flush()
 
     def flush(self) -> bool:
-        """The held messages as one multipart message (one ZeroMQ call, one
-        wake-up of its I/O thread)."""
+        """The held messages, back to back, as one ZeroMQ message (one call,
+        one wake-up of its I/O thread)."""
         frames, total = self._pending, self._pending_bytes
         self._pending, self._pending_bytes = [], 0
         if not frames:
             return True
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
         try:
-            self._socket.send_multipart(frames, zmq.NOBLOCK, copy=total < _COPY_BELOW_BYTES)
+            # One frame of messages back to back: one ZeroMQ message to hold
+            # (its allocations, not one set per step, count against memory).
+            self._socket.send(data, zmq.NOBLOCK, copy=total < _COPY_BELOW_BYTES)
         except zmq.ZMQError:
             return False
         return True

@@ -32,6 +32,7 @@ from replay.reader import run_files
 from replay.runner import replay
 
 REPO = Path(__file__).resolve().parents[2]
+END_WAIT_S = 30.0  # a recorder just started on a loaded box is still importing at the close
 
 
 def spec(directory: Path, budget_bytes: int = 64 << 20) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def spec(directory: Path, budget_bytes: int = 64 << 20) -> dict[str, Any]:
 def handoff(directory: Path, warnings: list[str], budget_bytes: int = 64 << 20) -> Handoff:
     return Handoff(launcher(spec(directory, budget_bytes)), budget_bytes=budget_bytes,
                    digest_every=200, warn=warnings.append, liveness_every_s=0.02,
-                   backoff_s=(0.05, 0.2), register_atexit=False)
+                   backoff_s=(0.05, 0.2), end_wait_s=END_WAIT_S, register_atexit=False)
 
 
 def _gap_events(directory: Path) -> int:
@@ -209,7 +210,7 @@ def test_a_stream_that_cannot_bind_is_one_warning_and_a_counter(
         settings = spec(tmp_path)
         settings["pub_endpoint"] = f"tcp://127.0.0.1:{port}"
         h = Handoff(launcher(settings), budget_bytes=64 << 20, warn=lambda m: None,
-                    register_atexit=False)
+                    end_wait_s=END_WAIT_S, register_atexit=False)
         world = run_workload(requests=30, seed=9, sink=h.record)
         h.close(world.state)
         assert h.wait_for_end()
