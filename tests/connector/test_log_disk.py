@@ -455,7 +455,7 @@ def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
 
     monkeypatch.delenv(module.DEFAULT_LOG_DIR_ENV, raising=False)
     monkeypatch.setattr(module, "DEFAULT_LOG_DIR", str(_unwritable(tmp_path)))
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("WARNING", logger="vllm.lazy_offload"):
         assert make_recorder(Settings(shell=ShellConfig(enabled=True)), 1) is None
     (record,) = [r for r in caplog.records if "event log directory" in r.getMessage()]
     assert "serving continues without an event log" in record.getMessage()
