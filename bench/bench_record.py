@@ -1,5 +1,7 @@
-"""What recording costs: ``EventRecorder.record`` on the scheduler thread and
-the writer thread's CPU, side by side with another revision (not a timed test).
+"""What recording costs the recorder process: ``EventRecorder.record`` on its
+main thread and its writer thread's CPU, side by side with another revision
+(not a timed test). vLLM's engine pays neither: it only packs and hands off
+(``connector.handoff``; its cost is ``bench.simulate``'s log on / off arms).
 
     .venv/bin/python -m bench.bench_record [--steps 20000] [--against REV]
 
@@ -8,9 +10,8 @@ Drives ``bench.bench_longrun``'s decode-heavy mix over the fake engine for
 timed with ``perf_counter_ns`` (the timing wrapper's own ~0.1 us per call is
 in the numbers, on both sides). Prints record()'s cost per event (a call's
 time over its events): median, p90, p99 and mean (the mean carries the
-digests and snapshots, which the scheduler thread computes), the snapshots'
-cost and the slowest call (the scheduler thread takes a snapshot only when
-the writer's fold lost events); the writer thread's CPU (the process's CPU
+digests and snapshots, which the caller's thread computes), the snapshots'
+cost and the slowest call; the writer thread's CPU (the process's CPU
 time less this thread's) per event and per step; and bytes per step. With
 ``--against REV`` the same runs on ``git archive REV`` (e.g. a revision
 writing an older schema) in a subprocess, and both print side by side.
@@ -68,7 +69,7 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
     recorder = recorders[0]
     return {
         "snapshots": recorder.snapshots,
-        # taken on the scheduler thread (all of them before the writer's fold)
+        # taken on the caller's thread
         "snapshots_here": getattr(recorder, "snapshots_here", recorder.snapshots),
         "snapshot_ms": recorder.snapshot_s * 1e3 / max(1, recorder.snapshots),
         "max_call_ms": max(calls) / 1e6,
@@ -108,8 +109,8 @@ ROWS = [
     ("writer thread CPU per step", "writer_us_per_step", 1.0, "us"),
     ("bytes per step", "bytes_per_step", 1.0, "B"),
     ("snapshots taken", "snapshots", 1.0, ""),
-    ("of which on the scheduler thread", "snapshots_here", 1.0, ""),
-    ("scheduler thread per snapshot", "snapshot_ms", 1.0, "ms"),
+    ("of which on the caller's thread", "snapshots_here", 1.0, ""),
+    ("caller's thread per snapshot", "snapshot_ms", 1.0, "ms"),
     ("record() call, p99.9", "call_p999_us", 1.0, "us"),
     ("record() calls over 1 ms", "calls_over_1ms", 1.0, ""),
     ("slowest record() call", "max_call_ms", 1.0, "ms"),

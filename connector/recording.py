@@ -1,8 +1,8 @@
-"""The connector's event recorder: every applied event goes to the event log
-(and optionally to a live ZeroMQ PUB stream) without slowing the scheduler.
+"""The event recorder: every applied event goes to the event log (and
+optionally to a live ZeroMQ PUB stream); its writer thread does the I/O.
 
-Contract towards the caller (the vLLM scheduler thread)
--------------------------------------------------------
+Contract towards the caller (the recorder process's main thread)
+-----------------------------------------------------------------
 * :meth:`EventRecorder.record` takes what ``offload_fsm.drive`` returned
   (``[(event, outcome), ...]``, observation first) and the state after it. It
   numbers the events (``seq`` from 0, no holes) and collects the *immutable
