@@ -16,9 +16,11 @@ the hook's note; then ``soak.json`` (every sample and figure) and ``soak.md`` (t
 tables printed at the end). Arms (``--arms``): ``ours`` (``EventSourcedLMCacheMPConnector``,
 EVICTION_AWARE, event log on with a 1 MiB directory bound and 128 KiB files; receipt
 lease 30 s), then for ``--baseline-minutes`` each
-``none`` (no KV connector) and ``stock_eager`` (LMCache's ``LMCacheMPConnector``, lazy
-offload off). The LMCache arms use LMCache's fast failure detection (heartbeat 1 s,
-``mq_timeout`` 5 s, as README "Running with an unreliable LMCache server" advises).
+``none`` (no KV connector), ``stock_eager`` (LMCache's ``LMCacheMPConnector``, lazy
+offload off) and ``ours_log_off`` (ours with ``lazy_offload_log_dir=""``: what the
+event log costs a request on the real engine). The LMCache arms use LMCache's fast
+failure detection (heartbeat 1 s, ``mq_timeout`` 5 s, as README "Running with an
+unreliable LMCache server" advises).
 This traffic writes about 0.1 MiB of event log a minute, so the README's example bound
 (8 MiB, 1 MiB files) would never be reached in 30 minutes; 1 MiB and 128 KiB files
 rotate about every minute and start deleting after about 10 (``--log-max-total-mib``,
@@ -114,7 +116,8 @@ SETTLE_TIMEOUT_S = 120.0
 AFTER_RESTART_S = 60.0
 UNRELIABLE_SERVER_SETTINGS = {"lmcache.mp.heartbeat_interval": 1.0,
                               "lmcache.mp.mq_timeout": 5.0}
-ARM_NAMES = {"ours": "ours EA", "none": "no connector", "stock_eager": "stock eager"}
+ARM_NAMES = {"ours": "ours EA", "ours_log_off": "ours EA, log off", "none": "no connector",
+             "stock_eager": "stock eager"}
 MIB = 1024 * 1024
 
 
@@ -441,7 +444,7 @@ def transfer_config(arm: str, server: LMCacheServer | None, log_dir: Path,
                 **UNRELIABLE_SERVER_SETTINGS,
                 "lmcache.mp.lazy_offload": True,
                 "lmcache.mp.lazy_offload_policy": "EVICTION_AWARE",
-                "lmcache.mp.lazy_offload_log_dir": str(log_dir),
+                "lmcache.mp.lazy_offload_log_dir": str(log_dir) if arm == "ours" else "",
                 "lmcache.mp.lazy_offload_log_max_total_mib": args.log_max_total_mib,
                 "lmcache.mp.lazy_offload_log_max_file_mib": args.log_max_file_mib,
                 "lmcache.mp.lazy_offload_receipt_lease_s": args.lease_s,
@@ -573,10 +576,10 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
                     args.lease_s)
             traffic.join()
             result["traffic_s"] = round(time.monotonic() - t0, 1)
-            result["settle"] = settle(port, arm == "ours")
+            result["settle"] = settle(port, arm.startswith("ours"))
             sampler.stop()
             final = scrape(port)
-            result["end"] = end_state(final, arm == "ours")
+            result["end"] = end_state(final, arm.startswith("ours"))
             result["samples"] = sampler.samples
             result["pids"] = {k: sorted(v) for k, v in sampler.pids_seen.items()}
             files_seen = set(sampler.files_seen)
@@ -811,13 +814,14 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     out["external_hit_share"] = (end.get("external_prefix_cache_hits", 0) / queries
                                  if queries else None)
     out["preemptions"] = end.get("preemptions")
+    if result["arm"].startswith("ours"):
+        out["pinned_end"] = end.get("pinned_blocks")
+        out["in_flight_end"] = end.get("in_flight_batches")
     if result["arm"] == "ours":
         sizes = [s["log_dir_mib"] for s in samples if "log_dir_mib" in s]
         out["log_dir_max_mib"] = max(sizes) if sizes else None
         out["log_dir_bound_mib"] = args.log_max_total_mib
         out["log_dir_over_bound_samples"] = sum(1 for v in sizes if v > args.log_max_total_mib)
-        out["pinned_end"] = end.get("pinned_blocks")
-        out["in_flight_end"] = end.get("in_flight_batches")
         out["ledger_closes_scrape"] = all(
             e["closes"] for unit in ("ledger_ops", "ledger_tokens")
             for e in end.get(unit, {}).values()) and bool(end.get("ledger_ops"))
@@ -890,8 +894,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         row("log dir max MiB (bound)", lambda r: "-" if r["arm"] != "ours" else
             f"{_f(fig(r)['log_dir_max_mib'])} ({fig(r)['log_dir_bound_mib']:g}); files "
             f"{r.get('log_files_seen')} seen, {r.get('log_files_end')} at the end")
-        row("pinned blocks / in-flight batches at the end", lambda r: "-" if r["arm"] != "ours"
-            else f"{_f(fig(r)['pinned_end'])} / {_f(fig(r)['in_flight_end'])}")
+        row("pinned blocks / in-flight batches at the end",
+            lambda r: "-" if not r["arm"].startswith("ours") else
+            f"{_f(fig(r)['pinned_end'])} / {_f(fig(r)['in_flight_end'])}")
         row("ledger closes: scrape / replay summary (rc)",
             lambda r: "-" if r["arm"] != "ours" else
             f"{_f(fig(r)['ledger_closes_scrape'])} / {_f(fig(r)['ledger_closes_replay'])} "
@@ -985,7 +990,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="our connector's run")
     parser.add_argument("--baseline-minutes", type=float, default=5.0,
                         help="each baseline's run (0: none)")
-    parser.add_argument("--arms", default="ours,none,stock_eager")
+    parser.add_argument("--arms", default="ours,none,stock_eager,ours_log_off",
+                        help=f"some of {', '.join(ARM_NAMES)}")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=256, help="GPU blocks of 32 tokens")
     parser.add_argument("--seed", type=int, default=20261204)
