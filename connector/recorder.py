@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -292,6 +293,22 @@ def _events_through(record: LogRecord) -> int:
     return record.seq
 
 
+def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: float) -> int:
+    """Hand the messages waiting in ``socket`` to ``recorder`` until none is left,
+    the recorder is done or ``limit_bytes`` were taken; returns the bytes taken."""
+    taken = 0
+    while not recorder.done and taken < limit_bytes:
+        try:
+            frames = socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        for data in frames:
+            if not recorder.done:
+                recorder.handle(data)
+            taken += len(data)
+    return taken
+
+
 def _parent_gone(parent: int) -> bool:
     return os.getppid() != parent
 
@@ -306,17 +323,7 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
     poller.register(socket, zmq.POLLIN)
     while not recorder.done:
         if poller.poll(_POLL_MS):
-            while not recorder.done:
-                try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                for data in frames:
-                    if not recorder.done:
-                        recorder.handle(data)
-                    taken += len(data)
-                if taken - acked >= _ACK_BYTES:
-                    break
+            taken += _take_waiting(socket, recorder, _ACK_BYTES - (taken - acked))
         now = time.monotonic()
         if taken != acked and (now >= next_ack or taken - acked >= _ACK_BYTES
                                or recorder.done):
@@ -326,14 +333,7 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
             if stats is not None:
                 next_stats = now + _STATS_S
         if not recorder.done and _parent_gone(parent):
-            while True:  # what the engine handed over before it died
-                try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                for data in frames:
-                    if not recorder.done:
-                        recorder.handle(data)
+            _take_waiting(socket, recorder, math.inf)  # what the engine sent before it died
             if not recorder.done:
                 recorder.vanish(f"the engine process {parent} exited without a clean "
                                 "shutdown")

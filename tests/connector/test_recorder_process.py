@@ -174,8 +174,15 @@ _ENGINE = textwrap.dedent("""
         h.record(applied, state)
         time.sleep(0.001)
         if calls[0] == 400:
-            print(h._link.pid, flush=True)
-            time.sleep(0.3)  # the recorder takes in what was handed over
+            link = h._link
+            print(link.pid, flush=True)
+            link.flush()
+            deadline = time.monotonic() + 60  # a recorder on a loaded box may still start
+            while time.monotonic() < deadline:  # until it acknowledged what it was handed
+                h._take_replies(link)
+                if h.stats.bytes_in_flight == 0:
+                    break
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
     run_workload(requests=400, seed=8, sink=sink)
 """)
