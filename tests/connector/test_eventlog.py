@@ -8,6 +8,7 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -527,3 +528,31 @@ def test_the_disk_probe_never_follows_a_planted_link(tmp_path: Path) -> None:
         w.close()
     assert target.read_bytes() == b"keep me"
     assert not (logs / f".{w.prefix}.probe").exists()
+
+
+def test_a_link_planted_between_the_unlink_and_the_open_is_not_written_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the unlink alone leaves open: another user plants the link
+    after it. The exclusive create refuses the existing name; the probe fails
+    (the writer stays broken and probes again later) and the target is intact."""
+    import connector.eventlog as eventlog
+
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep me")
+    logs = tmp_path / "logs"
+    w = _writer(logs, probe_bytes=16)
+    probe = logs / f".{w.prefix}.probe"
+    real_open = eventlog._open
+
+    def planting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path) == probe:
+            probe.symlink_to(target)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(eventlog, "_open", planting_open)
+    try:
+        w._probe()
+    finally:
+        monkeypatch.setattr(eventlog, "_open", real_open)
+        w.close()
+    assert target.read_bytes() == b"keep me"
