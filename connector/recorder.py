@@ -309,6 +309,14 @@ def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: floa
     return taken
 
 
+def _send(socket: zmq.Socket[Any], message: bytes) -> None:
+    """To the engine, never blocking: a PAIR socket whose engine is gone has
+    no peer, and a blocking send would wait for ever instead of noticing the
+    engine vanished; with a peer (no high-water mark) it always queues."""
+    with contextlib.suppress(zmq.Again):
+        socket.send(message, zmq.NOBLOCK)
+
+
 def _parent_gone(parent: int) -> bool:
     return os.getppid() != parent
 
@@ -316,7 +324,7 @@ def _parent_gone(parent: int) -> bool:
 def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
     """The recorder's loop; returns its exit code."""
     parent = int(spec["parent_pid"])
-    recorder = Recorder(spec, lambda message: socket.send(message))
+    recorder = Recorder(spec, lambda message: _send(socket, message))
     taken = acked = 0
     next_ack = next_stats = time.monotonic()
     poller = zmq.Poller()
@@ -328,7 +336,7 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
         if taken != acked and (now >= next_ack or taken - acked >= _ACK_BYTES
                                or recorder.done):
             stats = recorder.stats() if now >= next_stats or recorder.done else None
-            socket.send(packb((ACK, taken, stats)))
+            _send(socket, packb((ACK, taken, stats)))
             acked, next_ack = taken, now + _ACK_S
             if stats is not None:
                 next_stats = now + _STATS_S

@@ -9,6 +9,7 @@ under real vLLM is in ``tests/e2e``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -204,6 +205,63 @@ def test_an_engine_killed_leaves_a_closed_log_that_says_so(tmp_path: Path) -> No
     assert result.divergence is None and result.rejection is None and not result.damage
     assert "the engine vanished after event" in result.vanished
     assert result.events_applied >= 300
+
+
+_ENGINE_BEHIND = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_recorder_process import handoff
+    from offload_fsm.testing.synthetic import run_workload
+    from pathlib import Path
+    h = handoff(Path({directory!r}), [])
+    calls = [0]
+    def sink(applied, state):
+        calls[0] += 1
+        h.record(applied, state)
+        if calls[0] == 200:
+            link = h._link
+            print(link.pid, flush=True)
+            link.flush()
+            deadline = time.monotonic() + 60  # until the recorder is up and took it all
+            while time.monotonic() < deadline:
+                h._take_replies(link)
+                if h.stats.bytes_in_flight == 0:
+                    break
+                time.sleep(0.01)
+            os.kill(link.pid, signal.SIGSTOP)  # then it falls behind
+        if calls[0] == 300:
+            h._link.flush()
+            time.sleep(0.3)  # into the recorder's socket, unread
+            os.kill(os.getpid(), signal.SIGKILL)
+    run_workload(requests=400, seed=8, sink=sink)
+""")
+
+
+def test_a_recorder_behind_its_killed_engine_still_ends_the_log_and_exits(
+        tmp_path: Path) -> None:
+    """The engine dies while the recorder has messages it has not read: the
+    recorder reads them, cannot acknowledge them (no engine), ends the log
+    with VANISHED and exits rather than waiting for ever on the acknowledgement."""
+    code = _ENGINE_BEHIND.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "engine.out"
+    with out.open("w") as stdout:  # a file: the stopped recorder inherits it, a pipe never ends
+        engine = subprocess.Popen([sys.executable, "-c", code], stdout=stdout,
+                                  stderr=subprocess.DEVNULL, env=env)
+        returncode = engine.wait(timeout=120)
+    assert returncode == -signal.SIGKILL, out.read_text()
+    recorder_pid = int(out.read_text().split()[0])
+    os.kill(recorder_pid, signal.SIGCONT)
+    try:
+        assert _wait_gone(recorder_pid), "the recorder outlived its engine"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(recorder_pid, signal.SIGKILL)
+    (last,) = [item for item in scan(run_files(tmp_path)[-1].read_bytes())][-1:]
+    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
+    result = replay(tmp_path)
+    assert result.divergence is None and result.rejection is None and not result.damage
+    assert result.events_applied > 0
 
 
 def test_a_stream_that_cannot_bind_is_one_warning_and_a_counter(
