@@ -162,10 +162,24 @@ def test_the_seal_returns_at_once_even_with_a_stopped_recorder(tmp_path: Path) -
     assert replay(tmp_path).ended_cleanly
 
 
+def acknowledged(h: Handoff, timeout_s: float = 60.0) -> None:
+    """Hand over what ``h`` holds and wait until its recorder acknowledged all
+    of it (a recorder on a loaded box may still be starting)."""
+    link = h._link
+    assert link is not None
+    link.flush()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        h._take_replies(link)
+        if h.stats.bytes_in_flight == 0:
+            return
+        time.sleep(0.01)
+
+
 _ENGINE = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {tests!r})
-    from test_recorder_process import handoff
+    from test_recorder_process import acknowledged, handoff
     from offload_fsm.testing.synthetic import run_workload
     from pathlib import Path
     h = handoff(Path({directory!r}), [])
@@ -177,13 +191,7 @@ _ENGINE = textwrap.dedent("""
         if calls[0] == 400:
             link = h._link
             print(link.pid, flush=True)
-            link.flush()
-            deadline = time.monotonic() + 60  # a recorder on a loaded box may still start
-            while time.monotonic() < deadline:  # until it acknowledged what it was handed
-                h._take_replies(link)
-                if h.stats.bytes_in_flight == 0:
-                    break
-                time.sleep(0.01)
+            acknowledged(h)
             os.kill(os.getpid(), signal.SIGKILL)
     run_workload(requests=400, seed=8, sink=sink)
 """)
@@ -210,7 +218,7 @@ def test_an_engine_killed_leaves_a_closed_log_that_says_so(tmp_path: Path) -> No
 _ENGINE_BEHIND = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {tests!r})
-    from test_recorder_process import handoff
+    from test_recorder_process import acknowledged, handoff
     from offload_fsm.testing.synthetic import run_workload
     from pathlib import Path
     h = handoff(Path({directory!r}), [])
@@ -221,13 +229,7 @@ _ENGINE_BEHIND = textwrap.dedent("""
         if calls[0] == 200:
             link = h._link
             print(link.pid, flush=True)
-            link.flush()
-            deadline = time.monotonic() + 60  # until the recorder is up and took it all
-            while time.monotonic() < deadline:
-                h._take_replies(link)
-                if h.stats.bytes_in_flight == 0:
-                    break
-                time.sleep(0.01)
+            acknowledged(h)
             os.kill(link.pid, signal.SIGSTOP)  # then it falls behind
         if calls[0] == 300:
             h._link.flush()
