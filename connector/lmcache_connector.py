@@ -213,12 +213,6 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                                          request.block_hashes, _pool_hash)
         return result
 
-    def reset_cache(self) -> Any:
-        result = super().reset_cache()
-        manager = getattr(self, "_lazy_offload_manager", None)
-        if isinstance(manager, EventSourcedManager):
-            manager.reset_prefix_cache()
-        return result
 
 
 def _make_handoff(

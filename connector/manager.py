@@ -184,6 +184,8 @@ class EventSourcedManager:
     def bind_block_pool(self, gpu_block_pool: Any) -> None:
         if self._pool is not None and self._pool is not gpu_block_pool:
             raise ValueError("lazy offload is already bound to a different GPU block pool")
+        if self._pool is None:
+            _report_resets(gpu_block_pool, self.reset_prefix_cache)
         self._pool = gpu_block_pool
         if self.config.policy is Policy.FIFO:
             self._log.info(
@@ -333,7 +335,10 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
-        """vLLM reset its prefix cache (every block hash is gone)."""
+        """vLLM reset its prefix cache (every block hash is gone). Called by
+        the block pool's own reset (:func:`_report_resets`): vLLM tells no
+        connector of ``LLM.reset_prefix_cache()`` unless asked to reset the
+        connector's cache too."""
         if self._drain is None:
             self._guarded(self._feed, PrefixCacheReset())
 
@@ -629,3 +634,21 @@ def _allocated_block_ids(scheduler_output: Any) -> list[int]:
             for group in groups:
                 out.extend(group)
     return out
+
+
+def _report_resets(pool: Any, reported: Callable[[], None]) -> None:
+    """Make ``pool.reset_prefix_cache`` call ``reported`` after every reset
+    that succeeded. vLLM's ``Scheduler.reset_prefix_cache`` resets the pool
+    and calls the connector only with ``reset_connector=True`` (which also
+    clears LMCache's own cache), so this is the one place that sees every
+    reset: without it a reset reaches the core only as the stale stores it
+    causes, and the log cannot say why they were stale."""
+    reset = pool.reset_prefix_cache
+
+    def reset_prefix_cache(*args: Any, **kwargs: Any) -> Any:
+        done = reset(*args, **kwargs)
+        if done:
+            reported()
+        return done
+
+    pool.reset_prefix_cache = reset_prefix_cache

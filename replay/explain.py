@@ -26,23 +26,27 @@ from typing import Any
 import attrs
 
 from offload_fsm.state import State
-from offload_fsm.vocabulary.commands import EndSession
+from offload_fsm.vocabulary.commands import EndSession, ReadHashes
 from offload_fsm.vocabulary.decisions import (
     BatchOrphaned,
+    DropCause,
     OpsDropped,
     OpsHeld,
     OpSplit,
     OpsSelected,
     OpsShielded,
     ReceiptIgnored,
+    ShieldLifted,
     StoreAbandoned,
     StoreSettled,
     StoreSubmitted,
 )
 from offload_fsm.vocabulary.events import (
+    BlockHash,
     CandidateOffered,
     Event,
     HashesRead,
+    PrefixCacheReset,
     ReceiptsArrived,
     RequestArrived,
     RequestFinished,
@@ -50,7 +54,10 @@ from offload_fsm.vocabulary.events import (
     StepScheduled,
 )
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.opstory import DROP_WHY, OpStory, OpTracker
+from replay.opstory import ADVICE, DROP_WHY, OpStory, OpTracker
+from replay.text import field
+
+STORERS_MAX = 1 << 18  # content keys remembered with their storer (the core's bound)
 
 RUNS_SHOWN = 4  # runs of consecutive block ids printed before "+N more"
 
@@ -80,15 +87,28 @@ def ranges_text(values: tuple[int, ...] | list[int], verbose: bool = False) -> s
 
 
 class ExplainObserver:
+    """One request's story (see the module docstring). Beyond the request, it
+    keeps only what a cause chain needs: the prefix-cache resets, which
+    request's batch stored each chunk of content (at most
+    :data:`STORERS_MAX`, oldest forgotten first, as the core's own memory),
+    and the reallocations of the request's own blocks."""
+
     def __init__(self, req_id: str, *, verbose: bool = False) -> None:
         self.req_id = req_id
         self.verbose = verbose
         self.seen = False
+        self.first_seq = -1  # the first event this observer saw (where the replay began)
         self.tracker = OpTracker(lambda req_id: req_id == self.req_id)
         self.ops = self.tracker.ops.setdefault(req_id, [])  # the tracker appends to it
         self.lines: list[dict[str, Any]] = []  # {"seq", "step", "text", "ops": [starts]}
         self.block_users = self.tracker.block_users
         self.batches = self.tracker.batches
+        self.resets: list[tuple[int, int]] = []  # (seq, step) of every PrefixCacheReset
+        self.submitted_keys: dict[int, tuple[str, tuple[int, ...]]] = {}  # batch -> content
+        self.storers: dict[int, tuple[str, int, int, int]] = {}  # key -> req, batch, seq, step
+        self.changes: dict[int, list[tuple[int, int, BlockHash]]] = {}  # our block -> changes
+        self.read: dict[int, tuple[int, ...]] = {}  # our batch -> the block ids it re-read
+        self.hashes_now: dict[int, BlockHash] = {}  # our block -> hash read at verification
 
     # -- helpers ------------------------------------------------------------
 
@@ -103,6 +123,8 @@ class ExplainObserver:
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
         me = self.req_id
         kind = type(event)
+        if self.first_seq < 0:
+            self.first_seq = seq
         if kind is CandidateOffered:
             assert isinstance(event, CandidateOffered)
             op = self.tracker.offered(seq, event, outcome, state)
@@ -118,6 +140,12 @@ class ExplainObserver:
         elif kind is StepScheduled:
             assert isinstance(event, StepScheduled)
             self._on_step(seq, event, state)
+        elif kind is PrefixCacheReset:
+            self.resets.append((seq, state.step_index))
+            if any(op.status in ("buffered", "selected") for op in self.ops):
+                self._say(seq, state, "the prefix cache was RESET (vLLM cleared every block "
+                          "hash)", [op for op in self.ops
+                                    if op.status in ("buffered", "selected")])
         elif kind is RequestArrived and event.req_id == me:  # type: ignore[union-attr]
             if self.seen:
                 self._say(seq, state, "arrived again (new generation)")
@@ -135,6 +163,8 @@ class ExplainObserver:
             if event.batch_id in self.batches:
                 self._say(seq, state, f"batch {event.batch_id}: current block hashes read "
                           "for verification", self.batches[event.batch_id])
+                read = self.read.pop(event.batch_id, ())
+                self.hashes_now.update(zip(read, event.block_hashes, strict=False))
         elif kind is ReceiptsArrived:
             assert isinstance(event, ReceiptsArrived)
             for req_id, count in event.completed:
@@ -148,11 +178,86 @@ class ExplainObserver:
                 self._say(seq, state, "a worker reported the store FAILED",
                           self.batches.get(batch))
         for decision in outcome.decisions:
+            self._on_any_decision(seq, decision, state)
             if getattr(decision, "req_id", None) == me:
+                keys = self._duplicate_keys(decision)
                 self._on_decision(seq, decision, self.tracker.decided(decision, state), state)
+                if keys is not None:
+                    self._name_storers(decision, keys)
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
                 self._say(seq, state, "LMCache session ended")
+            elif type(command) is ReadHashes and command.batch_id in self.batches:
+                self.read[command.batch_id] = command.block_ids
+
+    # -- what other requests did (for the cause chains) ---------------------
+
+    def _on_any_decision(self, seq: int, decision: object, state: State) -> None:
+        """Remember which batch stored which content (any request's)."""
+        kind = type(decision)
+        if kind is StoreSubmitted:
+            assert isinstance(decision, StoreSubmitted)
+            batch = state.batches.get(decision.batch_id)
+            if batch is not None:
+                self.submitted_keys[decision.batch_id] = (
+                    decision.req_id, tuple(k for op in batch.ops for k in op.chunk_keys))
+        elif kind is StoreSettled:
+            assert isinstance(decision, StoreSettled)
+            held = self.submitted_keys.pop(decision.batch_id, None)
+            if held is not None and not decision.failed:
+                for key in held[1]:
+                    self.storers.pop(key, None)
+                    self.storers[key] = (held[0], decision.batch_id, seq, state.step_index)
+                while len(self.storers) > STORERS_MAX:
+                    del self.storers[next(iter(self.storers))]
+        elif kind is StoreAbandoned:
+            assert isinstance(decision, StoreAbandoned)
+            self.submitted_keys.pop(decision.batch_id, None)
+
+    def _duplicate_keys(self, decision: object) -> list[int] | None:
+        """For a duplicate drop of ours, the content keys it leaves out (read
+        before the tracker trims or drops the ops)."""
+        if type(decision) is not OpsDropped:
+            return None
+        assert isinstance(decision, OpsDropped)
+        if decision.cause is not DropCause.DUPLICATE:
+            return None
+        return [key for op in self.ops if op.status in ("buffered", "selected")
+                and op.overlaps(decision.start_token, decision.end_token)
+                for key in op.chunk_keys_in(decision.start_token, decision.end_token)]
+
+    def _name_storers(self, decision: OpsDropped, keys: list[int]) -> None:
+        """The chain of a duplicate: whose batch stored the content."""
+        stores: dict[tuple[str, int], tuple[int, int, int]] = {}
+        unknown = 0
+        for key in keys:
+            storer = self.storers.get(key)
+            if storer is None:
+                unknown += 1
+                continue
+            req_id, batch_id, seq, step = storer
+            count = stores.get((req_id, batch_id), (seq, step, 0))[2]
+            stores[(req_id, batch_id)] = (seq, step, count + 1)
+        chain = [f"{count} chunk(s) stored by request {field(req_id)}, batch {batch_id}: its "
+                 f"store COMPLETED (settled at seq {seq}, step {step})"
+                 for (req_id, batch_id), (seq, step, count) in stores.items()]
+        if unknown:
+            chain.append(f"{unknown} chunk(s) stored before seq {self.first_seq}, where this "
+                         "replay began (`explain --no-index` replays from event 0 and names "
+                         "the batch)" if self.first_seq > 0 else
+                         f"{unknown} chunk(s) stored by a batch this replay did not see")
+        self._chain(decision, chain)
+
+    def _chain(self, decision: OpsDropped, chain: list[str]) -> None:
+        for op in self.ops:
+            if op.status == "dropped" and op.start_token < decision.end_token and \
+                    decision.start_token < op.end_token and not op.chain:
+                op.chain = list(chain)
+        if decision.ops == 0:  # a trim: the op goes on, its story keeps the chain as notes
+            for op in self.ops:
+                if op.start_token == decision.end_token and op.status != "dropped":
+                    op.notes.extend(f"trimmed: {line}" for line in chain)
+        self.lines[-1].setdefault("chain", []).extend(chain)
 
     def _on_other_offer(self, seq: int, event: CandidateOffered, state: State) -> None:
         """Another request's chunk covers blocks that our ops still need: with a
@@ -179,9 +284,10 @@ class ExplainObserver:
         return -1
 
     def _on_step(self, seq: int, event: StepScheduled, state: State) -> None:
-        buffered = [op for op in self.ops if op.status == "buffered"]
-        if not buffered:
+        live = [op for op in self.ops if op.status in ("buffered", "selected")]
+        if not live:
             return
+        buffered = [op for op in live if op.status == "buffered"]
         ranks = {block_id: rank for rank, block_id in enumerate(event.window_block_ids)}
         for op in buffered:
             hits = [(ranks[b], b) for b in op.block_ids if b in ranks]
@@ -191,16 +297,17 @@ class ExplainObserver:
                                    "rank": rank, "depth": state.depth_blocks})
                 self._say(seq, state, f"at risk: block {block_id} at free-queue rank {rank} "
                           f"(danger depth {state.depth_blocks})", [op])
-        snapshot = {b: h for op in buffered
+        snapshot = {b: h for op in live
                     for b, h in zip(op.block_ids, op.block_hashes, strict=True)}
         for block_id, hash_now in event.reallocated:
             if block_id in snapshot and snapshot[block_id] != hash_now:
+                self.changes.setdefault(block_id, []).append((seq, state.step_index, hash_now))
                 user = self.block_users.get(block_id)
-                whom = f" to {user[0]} (offered at seq {user[1]})" if user and user[0] != \
-                    self.req_id else ""
+                whom = f" to {field(user[0])} (offered at seq {user[1]})" if user and \
+                    user[0] != self.req_id else ""
                 self._say(seq, state, f"block {block_id} was reallocated{whom}; "
                           f"hash {snapshot[block_id]} -> {hash_now}",
-                          [op for op in buffered if block_id in op.block_ids])
+                          [op for op in live if block_id in op.block_ids])
 
     def _on_decision(self, seq: int, decision: object, moved: list[OpStory] | None,
                      state: State) -> None:
@@ -208,9 +315,13 @@ class ExplainObserver:
         tracker moved for it (None for decisions that move none)."""
         kind = type(decision)
         ops = moved or []
+        at = f"seq {seq} (step {state.step_index})"
         if kind is OpsSelected:
             assert isinstance(decision, OpsSelected)
             rank = f", front rank {decision.rank}" if decision.rank >= 0 else ""
+            for op in ops:
+                op.pins.append(f"protected at {at}: selected into batch {decision.batch_id}")
+                op.shielded = False
             self._say(seq, state, f"selected [{decision.start_token}, {decision.end_token}) "
                       f"({decision.ops} ops) into batch {decision.batch_id}: "
                       f"{decision.reason.value}{rank}", ops)
@@ -223,22 +334,28 @@ class ExplainObserver:
             assert isinstance(decision, StoreSettled)
             outcome = "failed" if decision.failed else "stored"
             orphan = " (orphaned batch)" if decision.orphaned else ""
+            for op in ops:
+                op.pins.append(f"released at {at}: batch {decision.batch_id} settled")
             self._say(seq, state, f"batch {decision.batch_id} settled: {decision.ops} ops "
-                      f"{outcome.upper()}{orphan}", ops)
+                      f"{outcome.upper()}{orphan}; its blocks unpinned", ops)
         elif kind is StoreAbandoned:
             assert isinstance(decision, StoreAbandoned)
+            for op in ops:
+                op.pins.append(f"released at {at}: batch {decision.batch_id} abandoned")
             self._say(seq, state, f"batch {decision.batch_id} ABANDONED: {decision.receipts} "
-                      f"of {state.world_size} receipts within {decision.waited_s:.1f} s",
-                      ops)
+                      f"of {state.world_size} receipts within {decision.waited_s:.1f} s; "
+                      "its blocks unpinned", ops)
         elif kind is OpsDropped:
             assert isinstance(decision, OpsDropped)
             reused_by = ops[0].reused_by if ops else ""
             block = f"; block {decision.block_id}" if decision.block_id >= 0 else ""
-            whom = f" reused by {reused_by}" if reused_by else ""
+            whom = f" reused by {field(reused_by)}" if reused_by else ""
             self._say(seq, state, f"DROPPED [{decision.start_token}, {decision.end_token}) "
                       f"({decision.ops} ops, {decision.tokens} tokens): "
                       f"{decision.cause.value}: {DROP_WHY[decision.cause.value]}{block}{whom}",
                       ops)
+            if decision.cause is not DropCause.DUPLICATE:
+                self._chain(decision, self._cause_chain(seq, decision, ops, state))
         elif kind is OpsHeld:
             assert isinstance(decision, OpsHeld)
             ops = [op for op in self.ops if op.status == "buffered"]
@@ -246,9 +363,26 @@ class ExplainObserver:
         elif kind is OpsShielded:
             assert isinstance(decision, OpsShielded)
             ops = [op for op in self.ops if op.status == "buffered"]
+            pinned = self._pinned_starts(state)
+            for op in ops:
+                if op.start_token in pinned:
+                    op.shielded = True
+                    op.pins.append(f"protected at {at}: shielded at finish")
+                else:
+                    op.pins.append(f"NOT protected at {at}: outside the shield at finish")
             self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
                       f"protected at finish: free queue {decision.free_blocks} < reach of "
                       f"the next step {decision.reach_blocks})", ops)
+        elif kind is ShieldLifted:
+            assert isinstance(decision, ShieldLifted)
+            ops = [op for op in self.ops if op.status == "buffered" and op.shielded]
+            for op in ops:
+                op.shielded = False
+                op.pins.append(f"released at {at}: the shield lifted on an empty step")
+            self._say(seq, state, f"shield LIFTED: {decision.blocks} blocks of "
+                      f"{decision.ops} ops unpinned (an empty step: the engine went idle, "
+                      "and pins must not outlive the traffic; the ops stay buffered, "
+                      "unprotected)", ops)
         elif kind is OpSplit:
             assert isinstance(decision, OpSplit)
             self._on_split(seq, decision, moved, state)
@@ -260,6 +394,76 @@ class ExplainObserver:
             assert isinstance(decision, ReceiptIgnored)
             self._say(seq, state, f"receipt ignored ({decision.count}, failed="
                       f"{decision.failed}): {decision.reason.value}")
+
+    def _pinned_starts(self, state: State) -> set[int]:
+        rec = state.requests.get(self.req_id)
+        return {op.start_token for op in rec.ops if op.pinned} if rec is not None else set()
+
+    def _cause_chain(self, seq: int, decision: OpsDropped, ops: list[OpStory],
+                     state: State) -> list[str]:
+        """Why ``decision`` dropped ``ops``: what changed the block, what the
+        pins did, and what an operator can do."""
+        cause = decision.cause
+        chain: list[str] = []
+        op = ops[0] if ops else None
+        if cause in (DropCause.STALE, DropCause.EVICTED) and decision.block_id >= 0 \
+                and op is not None:
+            chain += self._block_history(decision.block_id, op)
+        elif cause is DropCause.CACHE_RESET:
+            chain.append(f"vLLM reset its prefix cache at seq {seq} (step {state.step_index}): "
+                         "every block hash is gone, so no buffered store can be verified")
+        elif cause is DropCause.PREEMPTED:
+            chain.append(f"vLLM preempted the request at seq {seq} and freed its blocks")
+        elif cause is DropCause.STORE_FAILED:
+            chain.append("an earlier store of this request failed: LMCache retrieves a prefix "
+                         "chunk by chunk, so what follows a hole cannot be used")
+        elif cause in (DropCause.STALE, DropCause.EVICTED) and op is not None and \
+                decision.block_id < 0:
+            chain.append("an earlier op of this request was lost (the prefix chain broke), so "
+                         "its later ops go too")
+        if op is not None and op.pins:
+            chain.append("pins: " + "; ".join(op.pins))
+        elif op is not None and cause in (DropCause.STALE, DropCause.EVICTED,
+                                          DropCause.CACHE_RESET):
+            chain.append("pins: its blocks were never protected before this")
+        advice = ADVICE.get(cause.value)
+        if advice:
+            chain.append(f"what you can do: {advice}")
+        return chain
+
+    def _block_history(self, block_id: int, op: OpStory) -> list[str]:
+        """What happened to ``block_id`` between ``op``'s buffering and now."""
+        snapshot = dict(zip(op.block_ids, op.block_hashes, strict=True)).get(block_id)
+        lines = []
+        now = self.hashes_now.get(block_id, snapshot)
+        if block_id in self.hashes_now:
+            lines.append(f"block {block_id}: hash {_hash_text(snapshot)} when buffered, "
+                         f"{_hash_text(now)} when re-read for verification")
+        resets = [(s, step) for s, step in self.resets if s > op.buffered_seq]
+        changes = [c for c in self.changes.get(block_id, []) if c[0] > op.buffered_seq]
+        user = self.block_users.get(block_id)
+        if resets:
+            s, step = resets[-1]
+            lines.append(f"what changed it: vLLM reset its prefix cache at seq {s} (step "
+                         f"{step}), which cleared every block hash")
+        elif user is not None and user[0] != self.req_id and user[1] > op.buffered_seq:
+            lines.append(f"what changed it: vLLM reallocated the block to request "
+                         f"{field(user[0])} (its chunk offered at seq {user[1]})"
+                         + (f"; the new hash was seen at seq {changes[0][0]}" if changes
+                            else ""))
+        elif changes:
+            s, step, _ = changes[0]
+            lines.append(f"what changed it: vLLM reallocated the block at seq {s} (step "
+                         f"{step}) to a request that has not offered it yet")
+        elif now is None:
+            lines.append("what changed it: its hash was cleared, and the log holds no reset "
+                         "and no reallocation of it: vLLM clears hashes when it resets the "
+                         "prefix cache (logs recorded before resets were recorded do not "
+                         "show one) or hands the block to a new request")
+        else:
+            lines.append("what changed it: the log shows no reallocation of it before the "
+                         "check (a reallocation of a block the core no longer watched)")
+        return lines
 
     # -- output -------------------------------------------------------------
 
@@ -293,10 +497,11 @@ class ExplainObserver:
 
 def format_story(data: dict[str, Any], verbose: bool = False) -> str:
     if not data["found"]:
-        return f"request {data['req_id']!r} does not appear in the log"
-    lines = [f"request {data['req_id']}:"]
+        return f"request {field(data['req_id'])} does not appear in the log"
+    lines = [f"request {field(data['req_id'])}:"]
     for line in data["story"]:
         lines.append(f"  seq {line['seq']:>8}  step {line['step']:>6}  {line['text']}")
+        lines += [f"{'':28}{text}" for text in line.get("chain", ())]
     lines.append("store ops:")
     for op in data["ops"]:
         gen = f" gen {op['generation']}" if op["generation"] else ""
@@ -319,11 +524,15 @@ def format_story(data: dict[str, Any], verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _hash_text(block_hash: BlockHash) -> str:
+    return "none (cleared)" if block_hash is None else f"{block_hash & (2**64 - 1):016x}"
+
+
 def brief(message: object, verbose: bool = False) -> str:
     """``Name(field=value, ...)`` with id lists summarised as ranges."""
     parts = []
-    for field in attrs.fields(type(message)):  # type: ignore[arg-type]  # events etc.
-        value = getattr(message, field.name)
+    for attribute in attrs.fields(type(message)):  # type: ignore[arg-type]  # events etc.
+        value = getattr(message, attribute.name)
         if isinstance(value, tuple) and len(value) > RUNS_SHOWN and all(
                 type(v) is int for v in value):
             text = f"{len(value)} {ranges_text(value, verbose)}"
@@ -331,7 +540,7 @@ def brief(message: object, verbose: bool = False) -> str:
             text = f"{len(value)} items"
         else:
             text = repr(getattr(value, "value", value))
-        parts.append(f"{field.name}={text}")
+        parts.append(f"{attribute.name}={text}")
     return f"{type(message).__name__}({', '.join(parts)})"
 
 

@@ -49,7 +49,28 @@ DROP_WHY = {
     "store_failed": "held behind a failed store (prefix chain broken)",
     "cache_reset": "the prefix cache was reset",
     "shutdown": "the connector shut down",
-    "duplicate": "another request's batch holds the same content (not a loss)",
+    "duplicate": "another request's batch already stored the same content (not a loss)",
+}
+
+# What an operator can do about each cause, one line (none where nothing helps).
+ADVICE = {
+    "evicted": "drain sooner: raise lmcache.mp.lazy_offload_horizon_steps or "
+               "lmcache.mp.lazy_offload_max_drain_per_step (FIFO: lower "
+               "lmcache.mp.lazy_offload_threshold); `replay whatif LOG --set KEY=VALUE` "
+               "estimates the effect",
+    "stale": "if a reset caused it, nothing to tune (store before resetting: "
+             "lmcache.mp.lazy_offload_idle_flush_steps); otherwise drain sooner, as for "
+             "evicted (lmcache.mp.lazy_offload_horizon_steps)",
+    "cache_reset": "expected after reset_prefix_cache(); to store finished requests first, "
+                   "turn on the tail flush (lmcache.mp.lazy_offload_idle_flush_steps) and "
+                   "reset once the engine has been idle that long",
+    "preempted": "vLLM ran out of KV blocks: give it more (gpu_memory_utilization) or run "
+                 "fewer requests at once (max_num_seqs)",
+    "id_reuse": "give every request a unique id",
+    "store_failed": "look in the LMCache server's log for the failed store; the request's "
+                    "later ops cannot be used without it",
+    "shutdown": "set lmcache.mp.lazy_offload_shutdown_flush_s to store what is buffered "
+                "when vLLM shuts down",
 }
 
 
@@ -62,6 +83,7 @@ class OpStory:
     block_hashes: tuple[int | None, ...]
     buffered_seq: int
     buffered_step: int
+    blocks_per_chunk: int = 0
     op_id: int = -1  # the core's op id (-1: rejected, never an op)
     status: str = "buffered"  # buffered, selected, submitted, or one of ENDED
     cause: str = ""
@@ -73,9 +95,26 @@ class OpStory:
     ended_step: int = -1  # token step it was stored, failed, abandoned, rejected or dropped
     at_risk: list[dict[str, int]] = attrs.Factory(list)
     notes: list[str] = attrs.Factory(list)
+    pins: list[str] = attrs.Factory(list)  # when its blocks were protected and released
+    shielded: bool = False  # protected at finish, until selected or the shield lifts
+    chain: list[str] = attrs.Factory(list)  # why it ended as it did (``explain``)
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start_token < end and start < self.end_token
+
+    def chunk_keys_in(self, start: int, end: int) -> list[int]:
+        """The content keys (each chunk's last block hash, as the core's
+        ``Op.chunk_keys``) of its chunks inside ``[start, end)``."""
+        step = self.blocks_per_chunk or len(self.block_ids)
+        chunks = max(1, len(self.block_ids) // step) if step else 1
+        tokens = (self.end_token - self.start_token) // chunks
+        keys = []
+        for number in range(chunks):
+            first = self.start_token + number * tokens
+            key = self.block_hashes[(number + 1) * step - 1] if step else None
+            if start <= first and first + tokens <= end and key is not None:
+                keys.append(key)
+        return keys
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -107,7 +146,8 @@ class OpTracker:
         op = OpStory(generation=self.generation.get(event.req_id, 0),
                      start_token=event.start_token, end_token=event.end_token,
                      block_ids=event.block_ids, block_hashes=event.block_hashes,
-                     buffered_seq=seq, buffered_step=state.step_index)
+                     buffered_seq=seq, buffered_step=state.step_index,
+                     blocks_per_chunk=event.blocks_per_chunk)
         rejected = [d for d in outcome.decisions if isinstance(d, OpRejected)]
         if rejected:
             op.status, op.cause = "rejected", rejected[0].reason.value
@@ -184,7 +224,8 @@ class OpTracker:
         for op in ops:
             rest = attrs.evolve(op, start_token=split, block_ids=op.block_ids[cut:],
                                 block_hashes=op.block_hashes[cut:],
-                                at_risk=list(op.at_risk), notes=list(op.notes))
+                                at_risk=list(op.at_risk), notes=list(op.notes),
+                                pins=list(op.pins), chain=[])
             op.end_token, op.block_ids = split, op.block_ids[:cut]
             op.block_hashes = op.block_hashes[:cut]
             stories.insert(stories.index(op) + 1, rest)

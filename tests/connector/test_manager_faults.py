@@ -245,3 +245,28 @@ def test_a_rejected_answer_is_recorded_once_and_replays(
     assert result.rejection is not None and result.rejection.reproduced
     assert type(result.rejection.event).__name__ == "HashesRead"
     assert result.ended_cleanly
+
+
+def test_a_reset_of_the_pool_reaches_the_core_and_the_log(tmp_path: Any) -> None:
+    """vLLM's ``LLM.reset_prefix_cache()`` resets the block pool and tells no
+    connector: the pool's own reset is what feeds ``PrefixCacheReset``, once,
+    and only when the reset happened (a pool with blocks in use refuses)."""
+    from offload_fsm.vocabulary.counters import Counter
+    from replay.explain import ExplainObserver
+    from replay.runner import replay
+
+    s = Shell(log_dir=str(tmp_path), threshold=5)
+    s.offer("a")
+    s.offer("b")
+    assert not s.pool.reset_prefix_cache()  # "b" still holds its blocks: refused
+    assert s.mgr.state.counters[Counter.DROPPED_CACHE_RESET_OPS] == 0
+    s.finish("a")
+    s.finish("b")
+    assert s.pool.reset_prefix_cache()
+    assert s.mgr.state.counters[Counter.DROPPED_CACHE_RESET_OPS] == 2
+    s.mgr.log_final_stats()
+    observer = ExplainObserver("a")
+    assert replay(str(tmp_path), observer=observer).ok
+    (op,) = observer.ops
+    assert op.cause == "cache_reset"
+    assert [t for t in (line["text"] for line in observer.lines) if "RESET" in t]
