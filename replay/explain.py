@@ -183,6 +183,7 @@ class ExplainObserver:
                 keys = self._duplicate_keys(decision)
                 self._on_decision(seq, decision, self.tracker.decided(decision, state), state)
                 if keys is not None:
+                    assert isinstance(decision, OpsDropped)
                     self._name_storers(decision, keys)
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
