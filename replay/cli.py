@@ -10,14 +10,17 @@ header). Damage is reported on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from replay import diff as diff_mod
 from replay import explain as explain_mod
+from replay import requests as requests_mod
 from replay import seek
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
@@ -25,6 +28,7 @@ from replay import whatif as whatif_mod
 from replay.parallel import replay_parallel
 from replay.reader import UsageError, run_prefixes
 from replay.runner import ReplayResult, config_of, replay, spaced_collections
+from replay.text import DETAIL_CHARS_MAX, SafeWriter, field
 
 EXIT_OK = 0
 EXIT_DIVERGED = 1
@@ -57,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "token step; starts from the nearest snapshot the "
                                      "log's index allows")
     which = command.add_mutually_exclusive_group(required=True)
-    which.add_argument("--request", help="request id")
+    which.add_argument("--request", help="request id, or a prefix of one that no other id "
+                                         "starts (`replay requests LOG` lists them)")
     which.add_argument("--at", type=int, metavar="STEP",
                        help="a token step (state.step_index, as explain prints it)")
     command.add_argument("--no-index", action="store_true",
@@ -65,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--tokens", help="only ops overlapping START:END")
     command.add_argument("--verbose", action="store_true",
                          help="print every block id (default: count and ranges)")
+    command = log_command("requests", "every request with its outcome: ops stored, dropped "
+                                      "(by cause), pending; the tokens it lost")
+    command.add_argument("--cause", action="append", default=[], metavar="CAUSE",
+                         help="only requests with an op dropped for CAUSE (evicted, stale, "
+                              "cache_reset, duplicate, ...) or in that status (stored, "
+                              "rejected, buffered, ...); repeatable")
     command = log_command("summary", "ledger, drop causes, deferral, pinned blocks")
     command.add_argument("--top", type=int, default=10, help="requests listed by loss")
     command = log_command("whatif", "re-run the observations under another policy/knobs")
@@ -125,15 +136,15 @@ def _problems(result: ReplayResult) -> list[str]:
 def _report_damage(result: ReplayResult, err: TextIO) -> int:
     problems = _problems(result)
     for problem in problems:
-        print(f"damage: {problem}", file=err)
+        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
     return EXIT_CORRUPT if problems else EXIT_OK
 
 
 def _warn_rejected(result: ReplayResult, err: TextIO) -> None:
     """For the analyses: they cover the events before a rejection."""
     if result.rejection is not None:
-        print(f"warning: {result.rejection.describe()}; the core stopped there, and so "
-              "does this analysis", file=err)
+        print(f"warning: {field(result.rejection.describe(), DETAIL_CHARS_MAX)}; the core "
+              "stopped there, and so does this analysis", file=err)
 
 
 def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
@@ -234,15 +245,16 @@ def _verify_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err: 
               + (" (the files before it are missing)" if seq == result.first_seq else
                  " (after the loss above)"), file=out)
     if divergence is not None:
-        print(f"DIVERGED at seq {divergence.seq} ({divergence.kind}): {divergence.detail}",
-              file=out)
-        print(f"  event:    {divergence.event!r}", file=out)
-        print(f"  expected: {divergence.expected}", file=out)
-        print(f"  got:      {divergence.got}", file=out)
+        print(f"DIVERGED at seq {divergence.seq} ({divergence.kind}): "
+              f"{field(divergence.detail, DETAIL_CHARS_MAX)}", file=out)
+        event = "-" if divergence.event is None else explain_mod.brief(divergence.event)
+        print(f"  event:    {field(event, DETAIL_CHARS_MAX)}", file=out)
+        print(f"  expected: {field(divergence.expected, DETAIL_CHARS_MAX)}", file=out)
+        print(f"  got:      {field(divergence.got, DETAIL_CHARS_MAX)}", file=out)
     if rejection is not None:
-        print(f"rejected: {rejection.describe()}", file=out)
+        print(f"rejected: {field(rejection.describe(), DETAIL_CHARS_MAX)}", file=out)
     for problem in _problems(result):
-        print(f"damage: {problem}", file=err)
+        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
     if result.stopped and divergence is None and (rejection is None
                                                   or rejection.reproduced is None):
         print(f"replay stopped early: {result.stopped}", file=out)
@@ -261,12 +273,24 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = (replay(args.log, prefix=args.prefix, observer=steps) if args.no_index else
                   seek.replay_at_step(args.log, args.prefix, args.at, steps, notes))
         data = steps.to_json()
+        if not data["found"] and result.state is not None and not _problems(result):
+            raise UsageError(f"--at {args.at}: the log's token steps are 0 to "
+                             f"{result.state.step_index}")
         text = explain_mod.format_step(data)
     else:
-        observer = explain_mod.ExplainObserver(args.request, verbose=args.verbose)
-        result = (replay(args.log, prefix=args.prefix, observer=observer) if args.no_index
-                  else seek.explain_request(args.log, args.prefix, args.request, observer,
-                                            notes))
+        if args.prefix is not None:
+            prefix, req_id = args.prefix, requests_mod.resolve(
+                requests_mod.request_ids(args.log, args.prefix), args.request,
+                f"run {args.prefix} of {args.log}", f"{args.log} --prefix {args.prefix}")
+        else:
+            prefix, req_id = requests_mod.run_holding(args.log, args.request)
+        if req_id != args.request:
+            notes.append(f"request {field(args.request)} is {field(req_id)}")
+        if prefix is not None and args.prefix is None:
+            notes.append(f"{field(req_id)} is in run {field(prefix)} (--prefix {field(prefix)})")
+        observer = explain_mod.ExplainObserver(req_id, verbose=args.verbose)
+        result = (replay(args.log, prefix=prefix, observer=observer) if args.no_index
+                  else seek.explain_request(args.log, prefix, req_id, observer, notes))
         data = observer.to_json(tokens)
         text = explain_mod.format_story(data, args.verbose)
     if args.json:
@@ -282,6 +306,33 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"warning: replay diverged at seq {result.divergence.seq}; the story stops "
               "there", file=err)
         code = code or EXIT_DIVERGED
+    return code
+
+
+def _requests(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Every request of each run with its outcome (``replay.requests``)."""
+    runs = _runs(args)
+    code = EXIT_OK
+    listing: dict[str, list[dict[str, Any]]] = {}
+    for prefix in runs:
+        observer = requests_mod.OutcomeObserver()
+        result = replay(args.log, prefix=prefix, observer=observer)
+        rows = [row for row in requests_mod.outcomes(observer)
+                if not args.cause or requests_mod.row_causes(row) & set(args.cause)]
+        listing[prefix or ""] = rows
+        if not args.json:
+            if len(runs) > 1:
+                print(f"== run {prefix}", file=out)
+            width = min(max((len(row["req_id"]) for row in rows), default=0), 40)
+            for row in rows:
+                print(requests_mod.format_row(row, width), file=out)
+            print(f"{len(rows)} requests" + (f" with {' or '.join(args.cause)}"
+                                             if args.cause else ""), file=out)
+        code = max(code, _report_damage(result, err))
+        _warn_rejected(result, err)
+    if args.json:
+        json.dump(listing if len(runs) > 1 else listing[""], out, indent=2)
+        out.write("\n")
     return code
 
 
@@ -331,7 +382,7 @@ def _summary_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err:
         json.dump(data, out, indent=2)
         out.write("\n")
     else:
-        print(summary_mod.format_summary(data), file=out)
+        print(summary_mod.format_summary(data, args.log, prefix), file=out)
     code = _report_damage(result, err)
     _warn_rejected(result, err)
     if not data["ledger_closes"]:
@@ -373,7 +424,7 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                   + (f"; {est['error']}" if est["error"] else ""), file=out)
         print(whatif_mod.CAVEAT, file=out)
     for problem in problems:
-        print(f"damage: {problem}", file=err)
+        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
     return EXIT_CORRUPT if problems else EXIT_OK
 
 
@@ -391,7 +442,7 @@ def _diff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print(diff_mod.format_diff(result, args.log_a, args.log_b), file=out)
     for problem in result.damage:
-        print(f"damage: {problem}", file=err)
+        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
     if result.damage:
         return EXIT_CORRUPT
     return EXIT_OK if result.identical else EXIT_DIVERGED
@@ -431,15 +482,16 @@ def _tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 _COMMANDS: dict[str, Any] = {
-    "verify": _verify, "explain": _explain, "summary": _summary, "whatif": _whatif,
+    "verify": _verify, "explain": _explain, "requests": _requests, "summary": _summary,
+    "whatif": _whatif,
     "timeline": _timeline, "tail": _tail, "diff": _diff,
 }
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
-    out = out if out is not None else sys.stdout
-    err = err if err is not None else sys.stderr
+    out = cast(TextIO, SafeWriter(out if out is not None else sys.stdout))
+    err = cast(TextIO, SafeWriter(err if err is not None else sys.stderr))
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:
@@ -448,10 +500,14 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         with spaced_collections():
             return int(_COMMANDS[args.command](args, out, err))
     except UsageError as error:
-        print(f"error: {error}", file=err)
+        print(f"error: {field(error, DETAIL_CHARS_MAX)}", file=err)
         return EXIT_USAGE
     except ValueError as error:  # e.g. a log without a header for whatif
-        print(f"error: {error}", file=err)
+        print(f"error: {field(error, DETAIL_CHARS_MAX)}", file=err)
         return EXIT_CORRUPT
     except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # the reader left (``| head``): not an error of ours
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

@@ -92,12 +92,31 @@ def run_files(path: str | os.PathLike[str], prefix: str | None = None) -> list[P
     if prefix is not None:
         runs = {k: v for k, v in runs.items() if k == prefix}
     if not runs:
-        raise UsageError(f"{path}: no {FILE_SUFFIX} files" + (f" with prefix {prefix!r}"
-                                                                  if prefix else ""))
+        inside = [] if prefix else _run_folders(target)
+        raise UsageError(f"{path}: no {FILE_SUFFIX} files" + (
+            f" with prefix {prefix!r}" if prefix else
+            "; the run folders inside it: " + ", ".join(inside[:RUN_FOLDERS_SHOWN])
+            + (f" and {len(inside) - RUN_FOLDERS_SHOWN} more" if len(inside) >
+               RUN_FOLDERS_SHOWN else "") + " (pass one of them)" if inside else ""))
     if len(runs) > 1:
         raise UsageError(f"{path}: several runs ({', '.join(sorted(runs))}); pass --prefix")
     ((_, files),) = runs.items()
     return sorted(files, key=lambda file: file_sort_key(file.name))
+
+
+RUN_FOLDERS_SHOWN = 8
+
+
+def _run_folders(directory: Path) -> list[str]:
+    """The folders directly inside ``directory`` that hold a log, newest name
+    last (the demo and the connector name them by start time)."""
+    folders = []
+    for child in sorted(directory.iterdir()):
+        with contextlib.suppress(OSError):
+            if child.is_dir() and any(parse_file_name(f.name) is not None
+                                      for f in child.iterdir()):
+                folders.append(str(child))
+    return folders
 
 
 def read_file(path: str | os.PathLike[str], *, start_offset: int = 0

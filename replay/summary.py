@@ -10,6 +10,7 @@ the requests that lost the most tokens.
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter as Tally
 from typing import Any
 
@@ -19,6 +20,7 @@ from offload_fsm.vocabulary.counters import DROPPED_OPS, DROPPED_TOKENS, REJECTE
 from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, OpsSelected, RejectReason
 from offload_fsm.vocabulary.events import CandidateOffered, Event
 from offload_fsm.vocabulary.outcome import Outcome
+from replay.text import field
 
 
 class SummaryObserver:
@@ -30,6 +32,7 @@ class SummaryObserver:
         self.peak_pinned_blocks = 0
         self.lost_tokens: Tally[str] = Tally()
         self.lost_ops: Tally[str] = Tally()
+        self.lost_causes: dict[str, Tally[str]] = {}  # req -> tokens lost per drop cause
 
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
         pinned = len(state.pins)
@@ -51,6 +54,8 @@ class SummaryObserver:
                 if decision.cause is not DropCause.DUPLICATE:  # stored by another request
                     self.lost_tokens[decision.req_id] += decision.tokens
                     self.lost_ops[decision.req_id] += decision.ops
+                    self.lost_causes.setdefault(decision.req_id, Tally())[
+                        decision.cause.value] += decision.tokens
                 self._taken(decision.req_id, decision.start_token, decision.end_token, None)
 
     def _taken(self, req_id: str, start: int, end: int, step: int | None) -> None:
@@ -114,13 +119,17 @@ def summarize(state: State, observer: SummaryObserver, *, top: int = 10) -> dict
         "peak_pinned_blocks": observer.peak_pinned_blocks,
         "token_steps": counters[Counter.TOKEN_STEPS],
         "top_losses": [
-            {"req_id": req_id, "tokens": tokens, "ops": observer.lost_ops[req_id]}
+            {"req_id": req_id, "tokens": tokens, "ops": observer.lost_ops[req_id],
+             "causes": dict(observer.lost_causes.get(req_id, {}))}
             for req_id, tokens in observer.lost_tokens.most_common(top)
         ],
     }
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: dict[str, Any], log: str = "LOG", prefix: str | None = None
+                   ) -> str:
+    """The summary as text; each top loss with a ready-to-paste ``explain``
+    of ``log`` (and ``prefix``, a run of several)."""
     lines = []
     for unit in ("ops", "tokens"):
         terms = summary["ledger"][unit]
@@ -143,7 +152,12 @@ def format_summary(summary: dict[str, Any]) -> str:
                  f"mean {d['mean']:.2f}, p50 {d['p50']:g}, p99 {d['p99']:g}, max {d['max']:g}")
     lines.append(f"peak pinned blocks: {summary['peak_pinned_blocks']}")
     if summary["top_losses"]:
-        lines.append("top requests by loss:")
+        lines.append("top requests by loss (explain one: the command under it):")
+        run = f" --prefix {shlex.quote(prefix)}" if prefix else ""
         for item in summary["top_losses"]:
-            lines.append(f"  {item['req_id']:<20} {item['tokens']:>8} tokens {item['ops']:>5} ops")
+            causes = ", ".join(item["causes"])
+            lines.append(f"  {field(item['req_id']):<20} {item['tokens']:>8} tokens "
+                         f"{item['ops']:>5} ops  ({causes})")
+            lines.append(f"      replay explain {shlex.quote(log)}{run} --request "
+                         f"{shlex.quote(field(item['req_id']))}")
     return "\n".join(lines)

@@ -74,8 +74,8 @@ def test_explain_tells_the_story_of_a_block_reused_before_drain(tmp_path: Path) 
     assert code == 0 and "DROPPED (evicted, block" in out and "reused by B" in out
     code, out, _ = _run("explain", str(log), "--request", "A", "--json")
     assert code == 0 and json.loads(out)["ops"][0]["reused_by"] == "B"
-    code, out, _ = _run("explain", str(log), "--request", "nobody")
-    assert code == 0 and "does not appear" in out
+    code, _, err = _run("explain", str(log), "--request", "nobody")
+    assert code == 2 and "does not appear" in err
 
 
 def test_cli_exit_codes(tmp_path: Path, small_log: Path) -> None:
