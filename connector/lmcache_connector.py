@@ -49,6 +49,7 @@ from connector.manager import EventSourcedManager
 from connector.recording import installed_versions
 from connector.supervisor import launcher
 from offload_fsm import parse_config
+from offload_fsm.log.names import FILE_SUFFIX
 from offload_fsm.vocabulary.config import (
     PREFIX,
     ConfigError,
@@ -117,7 +118,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
         engine_index = engine_index_of(vllm_config.parallel_config)
-        recorder = _make_handoff(settings, world_size, engine_index)
+        run = _run_prefix(engine_index)
+        recorder = _make_handoff(settings, world_size, engine_index, prefix=run)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -126,6 +128,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
             recorder=recorder,
             live_tokens=self._live_tokens,
+            run=run if recorder is not None else "",
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
         # Always hooked: the signal also seals the log before vLLM stops its
@@ -215,11 +218,19 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
 
 
+def _run_prefix(engine_index: int) -> str:
+    """This run's log file prefix (``<prefix>-NNNNNN.lolog``): its start and
+    process, and the engine's index where there are several."""
+    return default_prefix() + (f"-engine{engine_index}" if engine_index else "")
+
+
 def _make_handoff(
-    settings: Settings, world_size: int, engine_index: int = 0
+    settings: Settings, world_size: int, engine_index: int = 0, *, prefix: str | None = None
 ) -> Handoff | None:
     """The event log's hand-off to a recorder process, or None when the log
-    is turned off (``log_dir`` = "").
+    is turned off (``log_dir`` = ""). ``prefix``: the run's file prefix
+    (default :func:`_run_prefix`). The start-up line names the directory and
+    the prefix, and how to explain a request from them.
 
     A log directory that cannot be created or written: when it was configured
     (``lmcache.mp.lazy_offload_log_dir``) start-up fails with a
@@ -247,7 +258,7 @@ def _make_handoff(
                      "directory, or to \"\" to turn the log off", directory, origin, error,
                      PREFIX)
         return None
-    prefix = default_prefix() + (f"-engine{engine_index}" if engine_index else "")
+    prefix = prefix or _run_prefix(engine_index)
     budget = max(1, round(shell.log_budget_mib * _MIB))
     spec = {
         "directory": directory, "prefix": prefix, "engine_index": engine_index,
@@ -258,7 +269,11 @@ def _make_handoff(
         "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
         "budget_bytes": budget,
     }
-    return Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+    handoff = Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+    _log.info("lazy offload: event log in %s, this run's files %s-*%s; explain a request "
+              "from its id (the req_id= of a warning): python -m replay explain %s --prefix "
+              "%s --request ID", directory, prefix, FILE_SUFFIX, directory, prefix)
+    return handoff
 
 
 def _check_writable(directory: str) -> None:

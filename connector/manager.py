@@ -135,9 +135,11 @@ class EventSourcedManager:
         clock: Callable[[], float] = time.monotonic,
         live_tokens: Callable[[str], Sequence[int] | None] = lambda _req_id: None,
         fingerprint: blocks.Fingerprint | None = None,
+        run: str = "",
     ) -> None:
         """``fingerprint``: of a block hash (default: this run's keyed one,
-        ``blocks.fingerprinter``)."""
+        ``blocks.fingerprinter``); ``run``: the event log's file prefix, which
+        every warning about a request carries ("": no log)."""
         self.config = config
         self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
         self._live_tokens = live_tokens
@@ -170,7 +172,7 @@ class EventSourcedManager:
         self._left: ShutdownLeft | None = None
         self._log = get_logger()
         self._hooks_failed: set[str] = set()
-        self._narrator = Narrator(self._log, clock)
+        self._narrator = Narrator(self._log, clock, run=run)
         # Prompt length of each request still prefilling (``_reserve_blocks``).
         self._prefilling: dict[str, int] = {}
 

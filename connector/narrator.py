@@ -35,8 +35,12 @@ MAX_IDS_IN_LOG_LINE = 8
 
 
 class Narrator:
-    def __init__(self, log: Any, clock: Callable[[], float]) -> None:
-        self._log = log
+    """``run``: the event log's file prefix; every line about a request
+    carries it (``run=``) beside ``req_id=``, which is what ``replay explain``
+    needs to find the story (the start-up line names the directory)."""
+
+    def __init__(self, log: Any, clock: Callable[[], float], *, run: str = "") -> None:
+        self._log = log.bind(run=run) if run else log
         self._clock = clock
         self._lost: Tally[str] = Tally()  # cause -> ops, this step
         self._lost_ids: list[str] = []

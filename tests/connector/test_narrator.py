@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from connector.narrator import Narrator
 from offload_fsm.vocabulary.decisions import StoreAbandoned
 from offload_fsm.vocabulary.outcome import Outcome
@@ -38,3 +40,29 @@ def test_an_abandoned_store_counts_its_held_back_ops_and_leaves_nothing_behind()
     (again,) = [f for e, f in log.lines[1:] if "store abandoned" in e]
     assert again["held_back_ops_dropped"] == 1  # either order of the decisions
     assert vars(narrator) == before  # nothing kept per request
+
+
+def test_a_stale_warning_carries_the_run_and_the_request(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What ``replay explain`` needs is on the line: the run (the start-up
+    line names its directory) and the request id."""
+    from connector.logs import LOGGER_NAME, get_logger
+    from tests.offload_fsm.helpers import Harness, ea
+
+    h = Harness(ea())
+    h.arrive("16-863188ed")
+    blocks = h.new_blocks(4)
+    h.offer("16-863188ed", blocks=blocks)
+    h.queue = list(range(100, 140))
+    h.tick(allocated=8, next_blocks=8)
+    h.queue = [*blocks, *range(100, 140)]
+    h.finish("16-863188ed", free=2)
+    h.empty_step()
+    for block_id in blocks:
+        h.hashes[block_id] = None  # a reset the core was not told of
+    narrator = Narrator(get_logger(), clock=lambda: 0.0, run="20261206T101500123Z-4242")
+    with caplog.at_level("INFO", logger=LOGGER_NAME):
+        for _, outcome in h.tick(allocated=4, next_blocks=4).applied:
+            narrator.note(outcome)
+    (line,) = [r.getMessage() for r in caplog.records if "stale store" in r.getMessage()]
+    assert "req_id=16-863188ed" in line and "run=20261206T101500123Z-4242" in line
