@@ -2,9 +2,11 @@
 what-if, diff and plot recorded runs, or tail a live one.
 
 Exit codes: 0 ok; 1 divergence or a rejected event (verify), a ledger that
-does not close (summary), or two logs that part (diff); 2 usage error (bad
-arguments, no such log); 3 corruption (a damaged record, a lost event, no
-header). Damage is reported on stderr.
+does not close (summary), two logs that part (diff), or no record before the
+timeout (tail); 2 usage error (bad arguments, no such log, an unknown request
+id or a step outside the log, a path where tail needs an endpoint); 3
+corruption (a damaged record, a lost event, no header). Damage is reported
+on stderr.
 """
 
 from __future__ import annotations
@@ -472,12 +474,20 @@ def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from replay.tail import follow
+    """Exit 0 once records came; 1 when the time ran out before any did."""
+    from replay.tail import NotAnEndpoint, follow
 
     def emit(line: str) -> None:
         print(line, file=out, flush=True)
 
-    follow(args.endpoint, emit, max_records=args.count, timeout_s=args.timeout)
+    try:
+        result = follow(args.endpoint, emit, max_records=args.count, timeout_s=args.timeout)
+    except NotAnEndpoint as error:
+        raise UsageError(str(error)) from None
+    if result.records == 0:
+        print("error: no record arrived" + ("" if result.connected else
+                                            "; nothing listened at the endpoint"), file=err)
+        return EXIT_DIVERGED
     return EXIT_OK
 
 
