@@ -540,7 +540,7 @@ def brief(message: object, verbose: bool = False) -> str:
         elif isinstance(value, tuple) and len(value) > RUNS_SHOWN and not verbose:
             text = f"{len(value)} items"
         else:
-            text = repr(getattr(value, "value", value))
+            text = field(repr(getattr(value, "value", value)))
         parts.append(f"{attribute.name}={text}")
     return f"{type(message).__name__}({', '.join(parts)})"
 
