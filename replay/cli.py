@@ -404,9 +404,16 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     assert result.state is not None
     _warn_rejected(result, err)
     recorded = summary_mod.summarize(result.state, observer)
-    resim = whatif_mod.simulate(original, header.world_size, events,
-                                out=_out(args.out, "original"))
-    whatif = whatif_mod.simulate(config, header.world_size, events, out=_out(args.out, "whatif"))
+    try:
+        resim = whatif_mod.simulate(original, header.world_size, events,
+                                    out=_out(args.out, "original"), prefix="original")
+        whatif = whatif_mod.simulate(config, header.world_size, events,
+                                     out=_out(args.out, "whatif"), prefix="whatif")
+    except FileExistsError as error:
+        raise UsageError(f"--out {args.out}: {error.filename} exists; pick another directory "
+                         "(a what-if never overwrites a log)") from None
+    except OSError as error:
+        raise UsageError(f"--out {args.out}: {error.strerror}") from None
     rows = whatif_mod.compare(recorded, resim, whatif)
     if args.json:
         json.dump({"original": whatif_mod.describe(original),
@@ -425,6 +432,11 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                   f"{est['window_blocks_padded']} unknown window blocks padded"
                   + (f"; {est['error']}" if est["error"] else ""), file=out)
         print(whatif_mod.CAVEAT, file=out)
+    if args.out is not None:
+        original_dir, whatif_dir = _out(args.out, "original"), _out(args.out, "whatif")
+        print(f"wrote the re-simulated original to {original_dir} and the what-if to "
+              f"{whatif_dir}; compare them: replay diff {original_dir} {whatif_dir}",
+              file=err if args.json else out)
     for problem in problems:
         print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
     return EXIT_CORRUPT if problems else EXIT_OK

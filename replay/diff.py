@@ -67,13 +67,16 @@ from offload_fsm.log.records import (
 from offload_fsm.log.wire import from_wire, outcome_check, outcome_wire, wire_check
 from offload_fsm.state import State
 from offload_fsm.vocabulary.errors import LogCorrupt
-from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.events import OBSERVATION_TYPES, Event
 from offload_fsm.vocabulary.outcome import Outcome
 from replay import seek
+from replay.explain import brief
 from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
 from replay.runner import ReplayResult, replay
+from replay.text import DETAIL_CHARS_MAX, field
 
-__all__ = ["DiffResult", "Side", "diff_logs", "format_diff", "scan_digests", "to_json"]
+__all__ = ["DecisionSplit", "DiffResult", "Side", "diff_logs", "first_decision", "format_diff",
+           "scan_digests", "to_json"]
 
 
 
@@ -237,6 +240,97 @@ class DiffResult:
     full: bool = False
     item_a: Any = None
     item_b: Any = None
+    decision: DecisionSplit | None = None  # after an input divergence
+
+
+@attrs.define(kw_only=True)
+class DecisionSplit:
+    """The first observation after which the two logs' decisions differ
+    (its own and those of the answers it led to), counted among the
+    observations (answers differ in number when the commands do): where each
+    log holds it, the observation as each log recorded it, and the
+    decisions of each side, briefly."""
+
+    observation: int
+    seq_a: int
+    seq_b: int
+    event_a: str
+    event_b: str
+    decisions_a: list[str]
+    decisions_b: list[str]
+
+
+class _Decisions:
+    """Per observation (an observation and the answers it led to), a hash
+    of the decisions taken: for the first ``limit`` observations, or, with
+    ``show``, the briefs of observation ``show`` (then it stops)."""
+
+    def __init__(self, limit: int, show: int = -1) -> None:
+        self.limit = limit
+        self.show = show
+        self.hashes: list[int] = []
+        self.current: list[str] = []
+        self.seqs: list[int] = []
+        self.events: list[str] = []
+        self.briefs: list[str] = []
+        self.done = False
+
+    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        if type(event) in OBSERVATION_TYPES:
+            self._close()
+            if self.done:
+                return
+            self.seqs.append(seq)
+            if len(self.seqs) - 1 == self.show:
+                self.events.append(brief(event))
+        if len(self.seqs) - 1 == self.show:
+            self.briefs += [brief(decision) for decision in outcome.decisions]
+        self.current += [repr(decision) for decision in outcome.decisions]
+
+    def _close(self) -> None:
+        if self.seqs:
+            self.hashes.append(hash(tuple(self.current)))
+        self.current = []
+        if len(self.hashes) >= self.limit or 0 <= self.show < len(self.hashes):
+            self.done = True
+
+    def finish(self) -> None:
+        if not self.done:
+            self._close()
+
+
+DECISION_WINDOW: Final = 1 << 20  # observations compared for the first differing decision
+DECISIONS_SHOWN: Final = 6
+
+
+def first_decision(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str],
+                   prefix_a: str | None, prefix_b: str | None) -> DecisionSplit | None:
+    """Replay both logs (this code) and find the first observation whose
+    decisions differ (:class:`DecisionSplit`); None when none does in the
+    first :data:`DECISION_WINDOW` observations."""
+    def run(path: str | os.PathLike[str], prefix: str | None, observer: _Decisions) -> None:
+        first = seek.segments(path, prefix)
+        if first and first[0].seq == 0:
+            seek.replay_from(run_files(path, prefix), first[0], observer,
+                             lambda fold: observer.done)
+        else:
+            replay(path, prefix=prefix, observer=observer)
+        observer.finish()
+
+    a, b = _Decisions(DECISION_WINDOW), _Decisions(DECISION_WINDOW)
+    run(a_path, prefix_a, a)
+    run(b_path, prefix_b, b)
+    at = next((n for n, (x, y) in enumerate(zip(a.hashes, b.hashes)) if x != y),  # noqa: B905
+              None)
+    if at is None:
+        return None
+    shown_a, shown_b = _Decisions(DECISION_WINDOW, show=at), _Decisions(DECISION_WINDOW, show=at)
+    run(a_path, prefix_a, shown_a)
+    run(b_path, prefix_b, shown_b)
+    return DecisionSplit(observation=at, seq_a=a.seqs[at], seq_b=b.seqs[at],
+                         event_a=shown_a.events[0] if shown_a.events else "",
+                         event_b=shown_b.events[0] if shown_b.events else "",
+                         decisions_a=shown_a.briefs, decisions_b=shown_b.briefs)
 
 
 def _first_differing(common: list[int], a: dict[int, str], b: dict[int, str]) -> int:
@@ -338,6 +432,8 @@ def diff_logs(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str], *,
         result.kind = "length"
         result.detail = (f"A holds {a.events_seen} events, B {b.events_seen}; "
                          "all events both hold match")
+    if not result.identical and result.kind == "input":
+        result.decision = first_decision(a_path, b_path, prefix_a, prefix_b)
     shown = not result.identical and result.kind in ("input", "outcome")
     for scanned, item, side in ((a, result.item_a, "a"), (b, result.item_b, "b")):
         recomputed, counters = _replay_end(scanned, result.seq if shown else None, ledgers)
@@ -501,7 +597,7 @@ def _format_wire(value: Any) -> str:
     items = [*decisions, *commands]
     if not items:
         return "[] (nothing)"
-    parts = [repr(from_wire(item)) for item in items[:OUTCOME_ITEMS_SHOWN]]
+    parts = [brief(from_wire(item)) for item in items[:OUTCOME_ITEMS_SHOWN]]
     left = len(items) - len(parts)
     if left:
         parts.append(f"... {left} more ({len(decisions)} decisions and {len(commands)} "
@@ -527,8 +623,23 @@ def format_diff(result: DiffResult, name_a: str, name_b: str) -> str:
             if side.digest:
                 lines.append(f"    digest:  {side.digest}")
                 continue
-            lines.append(f"    event:   {side.event!r}")
-            lines.append(f"    outcome: {side.outcome}")
+            event = "-" if side.event is None else brief(side.event)
+            lines.append(f"    event:   {field(event, DETAIL_CHARS_MAX)}")
+            lines.append(f"    outcome: {field(side.outcome, DETAIL_CHARS_MAX)}")
+        split = result.decision
+        if split is not None:
+            lines.append(f"first differing DECISION: observation {split.observation} (A seq "
+                         f"{split.seq_a}, B seq {split.seq_b}), which each log recorded as")
+            for name, event, decisions in (("A", split.event_a, split.decisions_a),
+                                           ("B", split.event_b, split.decisions_b)):
+                lines.append(f"  {name} {field(event, DETAIL_CHARS_MAX)}")
+                shown = decisions[:DECISIONS_SHOWN]
+                more = (f" ... {len(decisions) - len(shown)} more"
+                        if len(decisions) > len(shown) else "")
+                lines.append(f"    decided: {'; '.join(shown) or 'nothing'}{more}")
+        elif result.kind == "input":
+            lines.append("no decision differs (in the first "
+                         f"{DECISION_WINDOW} observations): only the inputs do")
     if result.counters_a or result.counters_b:
         names = list(dict.fromkeys([*result.counters_a, *result.counters_b]))
         rows = [(n, result.counters_a.get(n, 0), result.counters_b.get(n, 0)) for n in names]
@@ -549,7 +660,9 @@ def to_json(result: DiffResult) -> dict[str, Any]:
         return {"event": repr(value.event), "check": repr(value.check),
                 "outcome": value.outcome, "digest": value.digest}
 
-    return {"identical": result.identical, "seq": result.seq, "kind": result.kind,
+    split = result.decision
+    return {"decision": None if split is None else attrs.asdict(split),
+            "identical": result.identical, "seq": result.seq, "kind": result.kind,
             "detail": result.detail, "a": side(result.a), "b": side(result.b),
             "walked_from": result.walked_from, "events_compared": result.events_compared,
             "common_digests": result.common_digests, "counters_a": result.counters_a,

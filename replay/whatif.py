@@ -61,7 +61,13 @@ from offload_fsm.machine import drive
 from offload_fsm.queries import watches, window_depth
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.commands import Command, ReadFreeQueue, ReadHashes, SubmitStore
-from offload_fsm.vocabulary.config import PREFIX, OffloadConfig, Settings, parse_recorded_config
+from offload_fsm.vocabulary.config import (
+    PREFIX,
+    OffloadConfig,
+    Policy,
+    Settings,
+    parse_recorded_config,
+)
 from offload_fsm.vocabulary.errors import InvalidEvent, MachinePoisoned
 from offload_fsm.vocabulary.events import (
     CandidateOffered,
@@ -112,11 +118,23 @@ def load_observations(
     return header, events, problems
 
 
+# The knobs only one policy reads (every other core knob both read).
+POLICY_KNOBS: dict[Policy, tuple[str, ...]] = {
+    Policy.FIFO: ("threshold", "select_count"),
+    Policy.EVICTION_AWARE: ("horizon_steps", "max_drain_per_step", "chunk_split",
+                            "cascade_lookahead_blocks"),
+}
+
+
 def override(header: Header, policy: str | None, settings: list[str]) -> OffloadConfig:
-    """The header's config with ``--policy`` and ``--set key=value`` applied."""
+    """The header's config with ``--policy`` and ``--set key=value`` applied.
+    A knob the resulting policy does not read, or one only the connector
+    reads (the event log's, ``lmcache.mp.lazy_offload``), is refused: the
+    what-if would silently equal the original."""
     wire = dict(header.config)
     if policy is not None:
         wire[f"{PREFIX}_policy"] = policy
+    names = []
     for item in settings:
         key, sep, value = item.partition("=")
         if not sep:
@@ -124,7 +142,21 @@ def override(header: Header, policy: str | None, settings: list[str]) -> Offload
         key = key.strip()
         full = key if key.startswith(PREFIX) else f"{PREFIX}_{key}"
         wire[full] = value.strip()
-    return parse_recorded_config(wire).offload
+        names.append((key, full[len(PREFIX) + 1:]))
+    config = parse_recorded_config(wire).offload
+    core = {attribute.name for attribute in attrs.fields(OffloadConfig)}
+    for key, name in names:
+        if name not in core:
+            raise ValueError(f"--set {key}: the connector reads it, not the core; a what-if "
+                             f"re-runs the core only (its knobs: {', '.join(sorted(core))})")
+        other = next((p for p, knobs in POLICY_KNOBS.items()
+                      if name in knobs and p is not config.policy), None)
+        if other is not None:
+            raise ValueError(
+                f"--set {key}: {config.policy.value} does not read it (a {other.value} knob; "
+                f"{config.policy.value} reads {', '.join(POLICY_KNOBS[config.policy])}); "
+                f"add --policy {other.value} to re-run under {other.value}")
+    return config
 
 
 class _SyntheticWorld:
@@ -276,13 +308,15 @@ class LogWriter:
 def simulate(
     config: OffloadConfig, world_size: int, events: list[Event],
     *, out: str | os.PathLike[str] | None = None, digest_every: int = 1000,
+    prefix: str = "whatif",
 ) -> dict[str, Any]:
     """Feed the recorded observations to a fresh core under ``config`` (and,
-    with ``out``, write the run as a log there)."""
+    with ``out``, write the run as a log there, its files named ``prefix``)."""
     state = new_state(config, world_size=world_size)
     world = _SyntheticWorld(state)
     observer = SummaryObserver()
-    writer = LogWriter(out, config, world_size, digest_every=digest_every) if out else None
+    writer = (LogWriter(out, config, world_size, digest_every=digest_every, prefix=prefix)
+              if out else None)
     seq = 0
     error = ""
 
