@@ -15,6 +15,13 @@ so that a resolution which yields a class with ``check_lazy_offload_config``
 (ours) validates the config's ``kv_connector_extra_config`` there, raising
 the same :class:`offload_fsm.vocabulary.config.ConfigError` as the constructor. Any
 other connector class is returned untouched.
+
+What the keys alone cannot tell, whether vLLM's prefix caching is on (lazy
+offload needs it), is in the config being built, which that resolution is
+not handed. So :func:`register` also wraps ``VllmConfig.__post_init__``
+(:func:`check_finished_config`): once a config that names this connector is
+complete, the connector's :func:`~connector.lmcache_connector.check_vllm_config`
+checks it whole, still in the front end, before any engine starts.
 """
 
 from __future__ import annotations
@@ -33,6 +40,29 @@ def register() -> None:
             CONNECTOR_NAME, "connector.lmcache_connector", CONNECTOR_NAME
         )
     check_on_resolution(KVConnectorFactory)
+    from vllm.config import VllmConfig
+
+    check_finished_config(VllmConfig)
+
+
+def check_finished_config(config_cls: Any) -> None:
+    """Wrap ``config_cls.__post_init__`` (once): a finished config whose
+    ``kv_connector`` is this connector is checked whole (prefix caching)."""
+    post_init = config_cls.__dict__["__post_init__"]
+    if getattr(post_init, _MARK, False):
+        return
+
+    def __post_init__(self: Any) -> None:
+        post_init(self)
+        transfer = getattr(self, "kv_transfer_config", None)
+        if getattr(transfer, "kv_connector", None) == CONNECTOR_NAME:
+            from connector.lmcache_connector import check_vllm_config
+
+            check_vllm_config(self)
+
+    __post_init__.__doc__ = post_init.__doc__
+    setattr(__post_init__, _MARK, True)
+    config_cls.__post_init__ = __post_init__
 
 
 def check_on_resolution(factory: Any) -> None:
