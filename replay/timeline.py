@@ -6,8 +6,11 @@
   the step's answers): the free pool (vLLM's free-queue length after the
   step's allocation), the danger depth (EVICTION_AWARE's window; 0 under
   FIFO), pinned blocks, buffered ops, and the ops submitted and dropped
-  since the previous step's sample; and the recorder's wall clock in seconds
-  since the first event (the INPUTS record that carried the step);
+  since the previous step's sample (the drops also per cause); and the
+  recorder's wall clock in seconds since the first event (the INPUTS record
+  that carried the step);
+* markers: the token steps of prefix-cache resets and of the shutdown (at
+  most :data:`MAX_MARKERS`, the rest counted);
 * per-request lanes: every store op of the chosen requests
   (:class:`~replay.opstory.OpStory`, from :class:`~replay.opstory.OpTracker`)
   from the step it was offered to the step it was stored, failed, abandoned,
@@ -36,12 +39,16 @@ import attrs
 
 from offload_fsm.state import State
 from offload_fsm.vocabulary.counters import DROPPED_OPS, Counter
+from offload_fsm.vocabulary.decisions import DropCause
 from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     FreeQueueRead,
     HashesRead,
+    PrefixCacheReset,
     RequestPreempted,
+    ShutdownBegan,
+    ShutdownRequested,
     StepScheduled,
 )
 from offload_fsm.vocabulary.outcome import Outcome
@@ -52,12 +59,25 @@ MAX_POINTS = 2000
 MAX_OPS_PER_LANE = 200
 MAX_LANES = 200  # the most lanes one picture may ask for
 
+MAX_MARKERS = 100  # resets and shutdowns marked; the rest are counted
+
+
+def dropped_key(cause: DropCause) -> str:
+    """The series of ops dropped for ``cause`` per step."""
+    return f"dropped_{cause.value}_ops"
+
+
 # Series: key -> how merged points combine (levels keep the worst, counts add up).
 SERIES: dict[str, Any] = {
     "free_blocks": min, "depth_blocks": max, "pinned_blocks": max, "buffered_ops": max,
     "submitted_ops": int.__add__, "dropped_ops": int.__add__,
+    **{dropped_key(cause): int.__add__ for cause in DropCause},
 }
 _DROPPED = tuple(DROPPED_OPS.values())
+# What a marker on the x axis stands for.
+MARKED: dict[type[Event], str] = {PrefixCacheReset: "prefix-cache reset",
+                                  ShutdownBegan: "shutdown began",
+                                  ShutdownRequested: "shutdown"}
 
 
 @attrs.define(kw_only=True)
@@ -79,6 +99,8 @@ class Timeline:
     lanes: list[Lane]
     requests_with_ops: int  # requests that offered at least one op
     chosen_by: str  # "busiest" or "requests"
+    markers: list[tuple[int, str]] = attrs.Factory(list)  # (token step, what happened)
+    markers_left_out: int = 0
 
     def seconds_at(self, step: int) -> float:
         """Seconds since the first event at ``step`` (at its point's first step)."""
@@ -101,13 +123,15 @@ class SeriesObserver:
         self.offered: Tally[str] = Tally()
         self.last_step = 0
         self.token_steps = 0
+        self.markers: list[tuple[int, str]] = []
+        self.markers_left_out = 0
         self._current: dict[str, int] | None = None
         self._step = 0
         self._seconds = 0.0
         self._wall_s = 0.0
         self._t0_s: float | None = None
-        self._base = (0, 0)
-        self._last = (0, 0)
+        self._base: tuple[int, ...] = (0,) * (1 + len(DropCause))  # submitted, then by cause
+        self._last = self._base
 
     def clock(self, wall_time_s: float) -> None:
         if self._t0_s is None:
@@ -118,6 +142,12 @@ class SeriesObserver:
         kind = type(event)
         if kind is CandidateOffered:
             self.offered[event.req_id] += 1  # type: ignore[union-attr]
+            return
+        if kind in MARKED:
+            if len(self.markers) < MAX_MARKERS:
+                self.markers.append((state.step_index, MARKED[kind]))
+            else:
+                self.markers_left_out += 1
             return
         if kind is StepScheduled:
             if not event.scheduled_tokens:  # type: ignore[union-attr]
@@ -130,15 +160,17 @@ class SeriesObserver:
         elif (kind is not HashesRead and kind is not FreeQueueRead) or self._current is None:
             return
         counters = state.counters
-        submitted = counters[Counter.SUBMITTED_OPS]
-        dropped = sum(counters[name] for name in _DROPPED)
+        now = (counters[Counter.SUBMITTED_OPS], *(counters[name] for name in _DROPPED))
         self._current = {
             "free_blocks": state.free_blocks, "depth_blocks": state.depth_blocks,
             "pinned_blocks": len(state.pins),
             "buffered_ops": sum(len(rec.ops) for rec in state.pending.values()),
-            "submitted_ops": submitted - self._base[0], "dropped_ops": dropped - self._base[1],
+            "submitted_ops": now[0] - self._base[0],
+            "dropped_ops": sum(now[1:]) - sum(self._base[1:]),
+            **{dropped_key(cause): now[1 + n] - self._base[1 + n]
+               for n, cause in enumerate(DROPPED_OPS)},
         }
-        self._last = (submitted, dropped)
+        self._last = now
 
     def finish(self) -> None:
         """Commit the last step's sample."""
@@ -225,5 +257,6 @@ def build_timeline(path: str, *, prefix: str | None = None, max_lanes: int = 40,
                         series=series.values, last_step=series.last_step,
                         token_steps=series.token_steps, lanes=lane_list,
                         requests_with_ops=len(series.offered),
-                        chosen_by="requests" if requests else "busiest")
+                        chosen_by="requests" if requests else "busiest",
+                        markers=series.markers, markers_left_out=series.markers_left_out)
     return timeline, result

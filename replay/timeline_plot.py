@@ -5,11 +5,15 @@ Needs the optional ``plot`` extra (plotly); without it :func:`figure` raises
 :class:`MissingDependency` naming the extra. Three panels share the x axis
 of token steps (seconds since the first event on the top axis and in every
 hover): 1. the free pool, the danger depth and pinned blocks (blocks);
-2. buffered ops, ops submitted and ops dropped per step; 3. one lane per
+2. buffered ops, and per step the ops submitted and, stacked on them, the
+ops dropped by cause (each cause in its lane colour, and its meaning in the
+hover); 3. one lane per
 request, each store op a bar from the step it was offered to the step it
 ended, coloured by outcome (drops by cause; a cross marks the end of every
 op that was not stored), its hover naming request, op id, token range,
 steps, outcome, cause and, for an eviction, the block and who reused it.
+A dashed line across the panels marks every prefix-cache reset and the
+shutdown.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from offload_fsm.vocabulary.decisions import DropCause
 from replay.opstory import DROP_WHY, OpStory
-from replay.timeline import Lane, Timeline
+from replay.timeline import Lane, Timeline, dropped_key
 
 PLOT_EXTRA = ("the timeline needs plotly, which is not installed: install the 'plot' extra "
               "(pip install 'lazy-offload-fsm[plot]', or .venv/bin/python -m pip install "
@@ -39,7 +44,9 @@ LINES = (  # (series key, row, label, colour)
     ("pinned_blocks", 1, "pinned blocks", "#9467bd"),
     ("buffered_ops", 2, "buffered ops", "#17becf"),
 )
-BARS = (("submitted_ops", "submitted ops", "#2ca02c"), ("dropped_ops", "dropped ops", "#d62728"))
+SUBMITTED_COLOUR = "#e7ba52"  # not the lanes' "stored" green: submitted is not stored yet
+MARKER_COLOURS = {"prefix-cache reset": "#ff9896", "shutdown began": "#9467bd",
+                  "shutdown": "#9467bd"}
 
 
 class MissingDependency(Exception):
@@ -169,11 +176,8 @@ def figure(timeline: Timeline, title: str) -> Any:
                                  name=label, mode="lines", line={"color": colour, "width": 1.2},
                                  hovertemplate=f"{where} (%{{customdata:.{places}f}} s): %{{y}} "
                                  f"{label}<extra></extra>"), row=row, col=1)
-    for key, label, colour in BARS:
-        fig.add_trace(go.Bar(x=steps, y=timeline.series[key], customdata=seconds, name=label,
-                             marker_color=colour, width=timeline.width_steps,
-                             offset=0, hovertemplate=f"{where} (%{{customdata:.{places}f}} s): "
-                             f"%{{y}} {label}<extra></extra>"), row=2, col=1, secondary_y=True)
+    for trace in _step_bars(go, timeline, where, places):
+        fig.add_trace(trace, row=2, col=1, secondary_y=True)
     for trace in _lane_traces(go, timeline):
         fig.add_trace(trace, row=3, col=1)
     rows = len(timeline.lanes)
@@ -186,11 +190,51 @@ def figure(timeline: Timeline, title: str) -> Any:
                      tickmode="array", tickvals=list(range(rows)),
                      ticktext=[lane.req_id for lane in timeline.lanes], range=[rows - 0.5, -0.5])
     fig.update_xaxes(title_text="token step", row=3, col=1)
+    _markers(fig, timeline)
     _seconds_axis(go, fig, timeline)
     fig.update_layout(title=title, barmode="overlay", hovermode="closest",
                       height=520 + 16 * max(rows, 10), template="plotly_white",
                       legend={"groupclick": "togglegroup"}, margin={"t": 110})
     return fig
+
+
+def _step_bars(go: Any, timeline: Timeline, where: str, places: int) -> list[Any]:
+    """Ops submitted per point, and on top of them the ops dropped, one bar
+    per cause in its lane colour (stacked: no bar hides another)."""
+    series = timeline.series
+    seconds = timeline.seconds
+    base = list(series["submitted_ops"])
+    traces = [go.Bar(x=timeline.steps, y=base, customdata=seconds, name="submitted ops",
+                     marker_color=SUBMITTED_COLOUR, width=timeline.width_steps, offset=0,
+                     hovertemplate=f"{where} (%{{customdata:.{places}f}} s): %{{y}} "
+                     "submitted ops<extra></extra>")]
+    for cause in DropCause:
+        values = series[dropped_key(cause)]
+        if not any(values):
+            continue
+        label = f"dropped: {cause.value}"
+        traces.append(go.Bar(
+            x=timeline.steps, y=values, base=list(base), customdata=seconds,
+            name=f"dropped ops: {cause.value}", legendgroup=label,
+            marker_color=COLOURS[label], width=timeline.width_steps, offset=0,
+            hovertemplate=f"{where} (%{{customdata:.{places}f}} s): %{{y}} ops dropped, "
+            f"{cause.value}: {DROP_WHY[cause.value]}<extra></extra>"))
+        base = [b + v for b, v in zip(base, values, strict=True)]
+    return traces
+
+
+def _markers(fig: Any, timeline: Timeline) -> None:
+    """A dashed line across the panels at every reset and shutdown."""
+    for step, label in timeline.markers:
+        fig.add_vline(x=step, line={"color": MARKER_COLOURS[label], "dash": "dash",
+                                    "width": 1.5}, row="all", col=1)
+        fig.add_annotation(x=step, y=1.0, yref="paper", text=label, showarrow=False,
+                           textangle=-90, xanchor="right", yanchor="top",
+                           font={"size": 10, "color": MARKER_COLOURS[label]})
+    if timeline.markers_left_out:
+        fig.add_annotation(x=1.0, y=1.0, xref="paper", yref="paper", showarrow=False,
+                           text=f"{timeline.markers_left_out} more resets/shutdowns not marked",
+                           xanchor="right", yanchor="bottom", font={"size": 10})
 
 
 def _seconds_axis(go: Any, fig: Any, timeline: Timeline, ticks: int = 10) -> None:

@@ -14,14 +14,27 @@ import pytest
 
 from offload_fsm.log.records import Inputs
 from offload_fsm.state import State
-from offload_fsm.vocabulary.decisions import OpRejected, OpsDropped, OpSplit, StoreSettled
+from offload_fsm.vocabulary.decisions import (
+    DropCause,
+    OpRejected,
+    OpsDropped,
+    OpSplit,
+    StoreSettled,
+)
 from offload_fsm.vocabulary.events import CandidateOffered, Event, StepScheduled
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
 from replay.opstory import DROP_WHY
 from replay.reader import Entry, read_log
 from replay.runner import replay
-from replay.timeline import MAX_POINTS, SERIES, SeriesObserver, Timeline, build_timeline
+from replay.timeline import (
+    MAX_POINTS,
+    SERIES,
+    SeriesObserver,
+    Timeline,
+    build_timeline,
+    dropped_key,
+)
 from replay.timeline_plot import COLOURS, figure, outcome_of, write_html
 from testkit import browser
 from testkit.env import require_program
@@ -103,7 +116,8 @@ def test_the_figure_draws_the_pool_the_ops_and_one_lane_per_request(sim: Timelin
     fig = figure(sim, "sim")
     names = [trace.name for trace in fig.data]
     for name in ("free pool (blocks)", "danger depth (blocks)", "pinned blocks",
-                 "buffered ops", "submitted ops", "dropped ops"):
+                 "buffered ops", "submitted ops", "dropped ops: evicted",
+                 "dropped ops: duplicate"):
         assert name in names
     lanes = [trace for trace in fig.data if trace.type == "bar" and trace.orientation == "h"]
     by_label = {trace.legendgroup: trace for trace in lanes}
@@ -125,8 +139,8 @@ def test_the_figure_draws_the_pool_the_ops_and_one_lane_per_request(sim: Timelin
     assert layout.xaxis3.title.text == "token step"
     assert layout.xaxis4.title.text == "seconds since the first event"
     assert layout.yaxis.title.text == "blocks"
-    assert "40 requests with the most ops, of 571 (531 left out" in \
-        layout.annotations[-1].text
+    assert any("40 requests with the most ops, of 571 (531 left out" in a.text
+               for a in layout.annotations)
 
 
 def test_the_series_are_bounded_and_merge_the_steps_they_stand_for(sim: Timeline) -> None:
@@ -213,3 +227,60 @@ def test_a_headless_chromium_draws_the_timeline(sim: Timeline, tmp_path: Path) -
     blank.write_text("<!doctype html><html><body></body></html>")
     assert browser.screenshot(chromium, blank, blank_png).returncode == 0
     assert browser.ink(blank_png).inked == 0  # the measure tells an empty page
+
+
+def test_every_drop_bar_names_its_cause_and_the_colours_tell_things_apart(
+        sim: Timeline) -> None:
+    """Submitted is not drawn in the lanes' "stored" green; the drops per
+    step are one bar per cause, in the cause's lane colour, stacked on the
+    submitted ops, and they add up to the dropped series."""
+    fig = figure(sim, "sim")
+    steps = [t for t in fig.data if t.type == "bar" and t.orientation != "h"]
+    submitted = next(t for t in steps if t.name == "submitted ops")
+    assert submitted.marker.color != COLOURS["stored"]
+    drops = [t for t in steps if t.name.startswith("dropped ops: ")]
+    assert {t.name for t in drops} == {f"dropped ops: {cause.value}" for cause in DropCause
+                                       if any(sim.series[dropped_key(cause)])}
+    assert len(drops) >= 3
+    for trace in drops:
+        cause = trace.name.removeprefix("dropped ops: ")
+        assert trace.marker.color == COLOURS[f"dropped: {cause}"]
+        assert DROP_WHY[cause] in trace.hovertemplate
+    total = [sum(values) for values in zip(*(t.y for t in drops), strict=True)]
+    assert total == sim.series["dropped_ops"]
+    top = [b + y for b, y in zip(drops[-1].base, drops[-1].y, strict=True)]
+    assert top == [s + d for s, d in zip(sim.series["submitted_ops"],
+                                         sim.series["dropped_ops"], strict=True)]
+    colours = [trace.line.color for trace in fig.data if trace.type == "scatter"
+               and trace.mode == "lines"] + [submitted.marker.color]
+    assert len(set(colours)) == len(colours)
+
+
+def test_resets_and_the_shutdown_are_marked(tmp_path: Path) -> None:
+    from connector.recording import EventRecorder
+    from tests.offload_fsm.helpers import Harness, ea
+    from tests.replay.conftest import VERSIONS
+
+    h = Harness(ea())
+    h.arrive("a")
+    h.offer("a")
+    h.queue = list(range(100, 140))
+    h.tick(allocated=8, next_blocks=8)
+    h.tick(allocated=8, next_blocks=8)
+    h.finish("a", free=1000)
+    h.reset_cache()
+    h.tick(allocated=8, next_blocks=8)
+    h.shutdown()
+    recorder = EventRecorder(h.state.config, 1, str(tmp_path), VERSIONS, prefix="run",
+                             register_atexit=False)
+    recorder.record(h.log, h.state)
+    recorder.close(h.state)
+    timeline, _ = build_timeline(str(tmp_path))
+    assert timeline.markers == [(2, "prefix-cache reset"), (3, "shutdown")]
+    fig = figure(timeline, "t")
+    lines = [shape for shape in fig.layout.shapes if shape.type == "line"]
+    assert sorted({shape.x0 for shape in lines}) == [2, 3]
+    texts = [a.text for a in fig.layout.annotations]
+    assert "prefix-cache reset" in texts and "shutdown" in texts
+    (reset_bar,) = [t for t in fig.data if t.name == "dropped ops: cache_reset"]
+    assert sum(reset_bar.y) == 1
