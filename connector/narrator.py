@@ -7,6 +7,8 @@ acts on, as ``<event> key=value ...`` (``connector.logs``):
 * an unhashed candidate (the request's later ops cannot be stored);
 * a failed store, once when it settles, with the held-back ops it cost;
 * evictions and preemptions, aggregated per scheduler step;
+* the drops of a prefix-cache reset, and of the shutdown, one line each with
+  the requests (at most :data:`MAX_IDS_IN_LOG_LINE`) and ``run=``;
 * the counters line every few seconds when it changed, and at shutdown.
 """
 
@@ -32,6 +34,12 @@ from offload_fsm.vocabulary.outcome import Outcome
 
 COUNTERS_LOG_INTERVAL_S = 5.0
 MAX_IDS_IN_LOG_LINE = 8
+# Drops that one event makes for many requests at once: one line per event.
+AT_ONCE = {
+    DropCause.CACHE_RESET: "lazy offload: the prefix cache was reset; dropped the buffered "
+                           "store ops it left unverifiable",
+    DropCause.SHUTDOWN: "lazy offload: shutting down; dropped the store ops still buffered",
+}
 
 
 class Narrator:
@@ -51,9 +59,13 @@ class Narrator:
         # A failed or abandoned store and the later ops of its request it
         # costs come in the same outcome, in either order: tally them first.
         held_back: Tally[str] = Tally()
+        at_once: dict[DropCause, dict[str, int]] = {}  # reset or shutdown: cause -> req -> ops
         for decision in outcome.decisions:
             if isinstance(decision, OpsDropped) and decision.cause is DropCause.STORE_FAILED:
                 held_back[decision.req_id] += decision.ops
+            if isinstance(decision, OpsDropped) and decision.cause in AT_ONCE and decision.ops:
+                dropped = at_once.setdefault(decision.cause, {})
+                dropped[decision.req_id] = dropped.get(decision.req_id, 0) + decision.ops
         for decision in outcome.decisions:
             if isinstance(decision, OpsDropped):
                 self._dropped(decision)
@@ -83,6 +95,12 @@ class Narrator:
                     "lazy offload: ignoring a store-completion receipt with no in-flight "
                     "store batch", req_id=decision.req_id, reason=decision.reason.value,
                 )
+        for cause, dropped in at_once.items():
+            ids = list(dropped)
+            more = len(ids) - MAX_IDS_IN_LOG_LINE
+            self._log.info(AT_ONCE[cause], **{f"{cause.value}_ops": sum(dropped.values())},
+                           req_ids=",".join(ids[:MAX_IDS_IN_LOG_LINE])
+                           + (f",+{more} more" if more > 0 else ""))
 
     def _dropped(self, decision: OpsDropped) -> None:
         cause = decision.cause

@@ -27,22 +27,9 @@ from testkit.env import apply_e2e_env
 apply_e2e_env()
 
 from demo import workload  # noqa: E402
+from replay.opstory import DROP_WHY  # noqa: E402
 from testkit.lmcache_server import LMCacheServer  # noqa: E402
 from testkit.tiny_model import build_tiny_llama  # noqa: E402
-
-# What each drop cause means, said once, for the reading under the table.
-WHY = {
-    "stale": "reset_prefix_cache() wiped their blocks before they came due, caught at "
-             "verification and never stored (expected)",
-    "evicted": "vLLM reallocated their blocks before the drain (a miss, recomputed later)",
-    "duplicate": "another session had already stored the same prefix (not a loss)",
-    "shutdown": "still buffered when the engine stopped (expected)",
-    "cache_reset": "reset_prefix_cache() dropped them from the buffer (expected)",
-    "preempted": "their request was preempted",
-    "id_reuse": "their request id was reused",
-    "store_failed": "queued behind a failed store",
-}
-
 
 class Console:
     """The terminal, kept apart from file descriptors 1 and 2 (which go to the log)."""
@@ -101,15 +88,19 @@ def table(summary: dict[str, Any], hits: int, prompt_tokens: int) -> list[str]:
     return lines
 
 
-def reading(summary: dict[str, Any]) -> str:
-    """One line that says what the drops mean."""
-    parts = []
+def reading(summary: dict[str, Any], log_dir: Path) -> list[str]:
+    """What the drops mean (``replay``'s own words) and, for each cause, the
+    command that explains one of them from the event log."""
+    lines = []
     for cause, amount in summary["dropped_by_cause"].items():
-        if amount["ops"]:
-            parts.append(f"{amount['ops']} {cause}: {WHY[cause]}")
-    if not parts:
-        return "nothing was dropped: every admitted store reached LMCache"
-    return "; ".join(parts) + "."
+        if not amount["ops"]:
+            continue
+        code, text = _replay("requests", str(log_dir), "--cause", cause, "--json")
+        rows = json.loads(text[: text.rindex("]") + 1]) if code == 0 else []
+        example = (f"; explain one: python -m replay explain {log_dir} --request "
+                   f"{rows[0]['req_id']}" if rows else "")
+        lines.append(f"{amount['ops']} {cause}: {DROP_WHY[cause]}{example}")
+    return lines or ["nothing was dropped: every admitted store reached LMCache"]
 
 
 def main() -> int:
@@ -181,7 +172,8 @@ def main() -> int:
     console.say("what happened to every store op (from the event log):")
     for line in table(summary, sum(hits), total):
         console.raw("  " + line)
-    console.say(reading(summary))
+    for line in reading(summary, log_dir):
+        console.say(line)
     timeline = out / f"timeline-{stamp}.html"
     tcode, ttext = _replay("timeline", str(log_dir), "-o", str(timeline))
     if tcode == 0:

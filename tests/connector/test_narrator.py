@@ -66,3 +66,21 @@ def test_a_stale_warning_carries_the_run_and_the_request(
             narrator.note(outcome)
     (line,) = [r.getMessage() for r in caplog.records if "stale store" in r.getMessage()]
     assert "req_id=16-863188ed" in line and "run=20261206T101500123Z-4242" in line
+
+
+def test_a_reset_names_the_requests_it_cost_once(caplog: pytest.LogCaptureFixture) -> None:
+    from connector.logs import LOGGER_NAME, get_logger
+    from tests.offload_fsm.helpers import Harness, ea
+
+    h = Harness(ea())
+    for req_id in ("a", "b"):
+        h.arrive(req_id)
+        h.offer(req_id)
+        h.finish(req_id, free=1000)
+    narrator = Narrator(get_logger(), clock=lambda: 0.0, run="R")
+    with caplog.at_level("INFO", logger=LOGGER_NAME):
+        for _, outcome in h.reset_cache().applied:
+            narrator.note(outcome)
+    (line,) = [r.getMessage() for r in caplog.records if "prefix cache was reset" in
+               r.getMessage()]
+    assert "run=R cache_reset_ops=2 req_ids=a,b" in line
