@@ -31,6 +31,7 @@ from replay.opstory import DROP_WHY  # noqa: E402
 from testkit.lmcache_server import LMCacheServer  # noqa: E402
 from testkit.tiny_model import build_tiny_llama  # noqa: E402
 
+
 class Console:
     """The terminal, kept apart from file descriptors 1 and 2 (which go to the log)."""
 
