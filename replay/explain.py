@@ -10,6 +10,18 @@ offered chunk next used that block id, when the log shows one), why it was
 rejected, held, dropped, skipped as stale or submitted, and the receipts
 per worker. It also keeps a chronological list of every line.
 
+Every drop gets a *cause chain* under its line (and in ``OpStory.chain``):
+for a stale or evicted drop, the block's hash when buffered and when re-read,
+and what changed it (a recorded prefix-cache reset, the request the block was
+reallocated to, or a hash cleared with nothing in the log to say why); for a
+duplicate, the request and batch whose completed store holds the content
+(or that it was stored before the replay began); for every cause, what the
+pins did (``OpStory.pins``: protected at finish or at selection, the shield
+lifted on an empty step, released at settlement) and one line of what an
+operator can do (``opstory.ADVICE``). To name a duplicate's storer the
+observer remembers, for every batch it sees submitted, its content keys,
+and for every stored one its batch (at most :data:`STORERS_MAX` keys).
+
 :class:`StepObserver` keeps every event of one token step (from its
 ``StepScheduled`` to the next), with what the core decided and commanded,
 and the state after it.

@@ -17,6 +17,8 @@ chunks are stored elsewhere, the rest goes on (``start_token`` moves on,
 Ops are matched to decisions by request and token range, as the core
 reports them; a batch's ops by batch id. It also remembers, for every block
 id, the request that last offered a chunk on it (who reused a block).
+:data:`DROP_WHY` says what each drop cause means and :data:`ADVICE` what an
+operator can do about it (``explain``, ``timeline``, the demo).
 """
 
 from __future__ import annotations

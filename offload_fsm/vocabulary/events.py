@@ -145,8 +145,9 @@ class FreeQueueRead:
 
 @attrs.frozen(kw_only=True)
 class PrefixCacheReset:
-    """vLLM reset its prefix cache: every block hash is gone. Source:
-    ``reset_cache`` / ``reset_prefix_cache``."""
+    """vLLM reset its prefix cache: every block hash is gone. Source: the
+    block pool's ``reset_prefix_cache`` when it succeeds (the shell wraps it:
+    vLLM tells no connector of ``LLM.reset_prefix_cache()``)."""
 
     TAG: ClassVar[int] = 9
 
