@@ -217,7 +217,6 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         return result
 
 
-
 def _run_prefix(engine_index: int) -> str:
     """This run's log file prefix (``<prefix>-NNNNNN.lolog``): its start and
     process, and the engine's index where there are several."""
