@@ -90,3 +90,20 @@ def test_a_hostile_request_id_is_escaped_and_cut_everywhere(tmp_path: Path) -> N
         assert max(len(line) for line in (out + err).splitlines()) < 1000, argv
     assert "evil\\x1b]0;owned\\x07\\x1b[2J\\u202exxx" in outputs[0]
     assert "...(+" in outputs[0]
+
+
+def test_a_reader_that_leaves_early_is_not_an_error() -> None:
+    """``replay requests LOG | head -1``: the pipe closes under a long output;
+    replay exits 0 without a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    process = subprocess.Popen([sys.executable, "-m", "replay", "requests", str(GOLDEN)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline().startswith(b"s")
+    process.stdout.close()
+    error = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 0 and "Traceback" not in error, error
