@@ -2,7 +2,8 @@
 
 :func:`build_timeline` replays a log and returns a :class:`Timeline`:
 
-* per token step (a ``StepScheduled`` that scheduled tokens, sampled after
+* per token step (a ``StepScheduled`` that scheduled tokens, or a run of
+  them passed in one ``StepsPassed``, sampled after
   the step's answers): the free pool (vLLM's free-queue length after the
   step's allocation), the danger depth (EVICTION_AWARE's window; 0 under
   FIFO), pinned blocks, buffered ops, and the ops submitted and dropped
@@ -43,6 +44,7 @@ from offload_fsm.vocabulary.events import (
     HashesRead,
     RequestPreempted,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import OpStory, OpTracker
@@ -119,12 +121,12 @@ class SeriesObserver:
         if kind is CandidateOffered:
             self.offered[event.req_id] += 1  # type: ignore[union-attr]
             return
-        if kind is StepScheduled:
-            if not event.scheduled_tokens:  # type: ignore[union-attr]
+        if kind is StepScheduled or kind is StepsPassed:
+            if kind is StepScheduled and not event.scheduled_tokens:  # type: ignore[union-attr]
                 return
             self.finish()
             self._step = self.last_step = state.step_index
-            self.token_steps += 1
+            self.token_steps += len(event.steps) if kind is StepsPassed else 1  # type: ignore[union-attr]
             self._base = self._last
             self._seconds = self._wall_s
         elif (kind is not HashesRead and kind is not FreeQueueRead) or self._current is None:
