@@ -63,6 +63,26 @@ def window_copies(rounds: int = 4, copies: int = 200) -> bytes:
     return frame(_header()) + frame(_inputs(*events))
 
 
+def window_repeats(events: int = 1000) -> bytes:
+    """A window of 4 million ids (as :func:`window_copies` makes it), then
+    ``events`` windows that each copy it whole and add one id: each within
+    the bound on one window, but 32 MB apiece, in one batch."""
+    grown = (_FREE_QUEUE_READ, ((0, 20_000),) * 200)
+    repeats = [(_FREE_QUEUE_READ, ((0, 4_000_000), n % 100)) for n in range(events)]
+    records = _inputs((_FREE_QUEUE_READ, tuple(range(100))),
+                      (_FREE_QUEUE_READ, ((0, 100),) * 200), grown, *repeats)
+    return frame(_header()) + frame(_batch(records))
+
+
+def batch_stream_end() -> bytes:
+    """A batch whose zlib stream ends, with more bytes after the end: what
+    follows it in the segment would inflate to nothing, silently."""
+    first = _batch(_inputs((_FREE_QUEUE_READ, (1, 2, 3))), finish=True)
+    data = _unpack(first)[3]
+    assert isinstance(data, bytes)
+    return frame(_header()) + frame(packb((BATCH, 0, 0, data + b"unread")))
+
+
 def list_runs(length: int = 100_000, copies: int = 20_000) -> bytes:
     """A CandidateOffered of ``length`` ids, then one whose block ids are
     ``copies`` runs of that whole list (``length * copies`` ids: 2 billion),
@@ -122,6 +142,8 @@ def snapshot_bomb(inflated_bytes: int = 4 << 20) -> bytes:
 
 KINDS: dict[str, Callable[[], bytes]] = {
     "window-copies": window_copies,
+    "window-repeats": window_repeats,
+    "batch-stream-end": batch_stream_end,
     "list-runs": list_runs,
     "msgpack-objects": msgpack_objects,
     "snapshot-unused-data": snapshot_unused_data,
