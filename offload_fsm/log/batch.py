@@ -16,7 +16,8 @@ from typing import Any, Final
 
 import msgpack
 
-from offload_fsm.log.bounds import MAX_BATCH_OBJECTS, ObjectBudget
+from offload_fsm.log.bounds import MAX_BATCH_OBJECTS
+from offload_fsm.log.bounds import unpacker as bounded_unpacker
 from offload_fsm.log.records import BATCH
 from offload_fsm.log.wire import packb
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -89,9 +90,7 @@ class Inflater:
 
     def items(self, data: bytes) -> list[Any]:
         """The decoded msgpack items of one batch's ``data`` (each an array)."""
-        budget = ObjectBudget("a batch", MAX_BATCH_OBJECTS)
-        unpacker = budget.unpacker(MAX_BATCH_BYTES)
-        unpacker.feed(self._inflate(data))
+        unpacker = bounded_unpacker(self._inflate(data), "a batch", MAX_BATCH_OBJECTS)
         out = []
         try:
             for item in unpacker:

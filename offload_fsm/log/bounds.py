@@ -18,10 +18,11 @@ reports as damage (exit 3) like any other:
   snapshot's ends with its state).
 * msgpack: a payload or a batch decodes to at most :data:`MAX_BATCH_OBJECTS`
   objects, a SNAPSHOT (its payload, or its inflated state) to at most
-  :data:`MAX_SNAPSHOT_OBJECTS`. :class:`ObjectBudget` counts each array and
-  map as msgpack completes it (itself and its items), and no one array or
-  map may hold more than the budget, so what a refused decode built stays
-  under twice it.
+  :data:`MAX_SNAPSHOT_OBJECTS`. Every msgpack object takes at least a byte,
+  so bytes no more than the bound decode as they are; longer ones are
+  counted (:class:`ObjectBudget`: each array and map as msgpack completes
+  it, itself and its items; no one array or map may hold more than the
+  bound, so what a refused decode built stays under twice it).
 * Compact forms: a window or a block list decodes to at most
   :data:`MAX_POOL_BLOCKS` ids, and the new lists one payload's forms build
   (a batch's records together: its records are decoded before any is used)
@@ -54,6 +55,8 @@ __all__ = [
     "MAX_SNAPSHOT_OBJECTS",
     "IdAllowance",
     "ObjectBudget",
+    "unpackb",
+    "unpacker",
 ]
 
 MAX_POOL_BLOCKS: Final[int] = 1 << 22
@@ -83,7 +86,7 @@ class ObjectBudget:
     """Counts the objects msgpack builds for one payload, batch or state
     (``what`` names it in the error) and raises :class:`LogCorrupt` past
     ``limit`` (see the module docstring). Its methods are msgpack's
-    ``list_hook`` and ``object_hook``."""
+    ``list_hook`` and ``object_hook`` (:func:`unpackb`, :func:`unpacker`)."""
 
     __slots__ = ("left", "limit", "what")
 
@@ -108,18 +111,32 @@ class ObjectBudget:
         raise LogCorrupt(f"{self.what} decodes to more than {self.limit} msgpack objects "
                          "(the bound on one)")
 
-    def unpacker(self, max_buffer_size: int) -> msgpack.Unpacker:
-        """An unpacker of the log's options whose objects count against this budget."""
-        return msgpack.Unpacker(**_MSGPACK_OPTIONS, max_buffer_size=max_buffer_size,
-                                max_array_len=self.limit, max_map_len=self.limit,
-                                list_hook=self.array, object_hook=self.map)
 
-    def unpackb(self, data: bytes) -> Any:
-        """``data`` decoded with the log's options, counted against this budget.
-        Raises :class:`LogCorrupt` past the budget, and msgpack's own errors."""
-        return msgpack.unpackb(data, **_MSGPACK_OPTIONS, max_array_len=self.limit,
-                               max_map_len=self.limit, list_hook=self.array,
-                               object_hook=self.map)
+def unpackb(data: bytes, what: str, limit: int) -> Any:
+    """``data`` decoded with the log's options into at most ``limit`` objects
+    (``what`` names it in the error). Every msgpack object takes at least a
+    byte, so ``data`` no longer than ``limit`` decodes uncounted (the common
+    case, at C speed). Raises :class:`LogCorrupt` past the bound, and
+    msgpack's own errors."""
+    if len(data) <= limit:
+        return msgpack.unpackb(data, **_MSGPACK_OPTIONS)
+    budget = ObjectBudget(what, limit)
+    return msgpack.unpackb(data, **_MSGPACK_OPTIONS, max_array_len=limit, max_map_len=limit,
+                           list_hook=budget.array, object_hook=budget.map)
+
+
+def unpacker(raw: bytes, what: str, limit: int) -> msgpack.Unpacker:
+    """An unpacker of the log's options fed ``raw``, whose items decode into
+    at most ``limit`` objects in all (as :func:`unpackb`)."""
+    if len(raw) <= limit:
+        out = msgpack.Unpacker(**_MSGPACK_OPTIONS, max_buffer_size=len(raw))
+    else:
+        budget = ObjectBudget(what, limit)
+        out = msgpack.Unpacker(**_MSGPACK_OPTIONS, max_buffer_size=len(raw),
+                               max_array_len=limit, max_map_len=limit,
+                               list_hook=budget.array, object_hook=budget.map)
+    out.feed(raw)
+    return out
 
 
 class IdAllowance:
@@ -129,6 +146,10 @@ class IdAllowance:
     __slots__ = ("left",)
 
     def __init__(self) -> None:
+        self.left = MAX_EXPANDED_IDS
+
+    def renew(self) -> None:
+        """A new payload starts: the whole allowance again."""
         self.left = MAX_EXPANDED_IDS
 
     def take(self, ids: int, field: str) -> None:

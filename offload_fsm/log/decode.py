@@ -25,8 +25,7 @@ from offload_fsm.log.batch import Inflater
 from offload_fsm.log.bounds import (
     MAX_BATCH_OBJECTS,
     MAX_SNAPSHOT_OBJECTS,
-    IdAllowance,
-    ObjectBudget,
+    unpackb,
 )
 from offload_fsm.log.compact import WireContext
 from offload_fsm.log.peek import payload_kind
@@ -130,11 +129,11 @@ def _header_version(item: tuple[Any, ...]) -> int:
 
 
 def _unpack(payload: bytes) -> tuple[Any, ...]:
-    budget = (ObjectBudget("a SNAPSHOT record", MAX_SNAPSHOT_OBJECTS)
-              if payload_kind(payload) == SNAPSHOT else
-              ObjectBudget("a record", MAX_BATCH_OBJECTS))
     try:
-        item = budget.unpackb(payload)
+        if len(payload) > MAX_BATCH_OBJECTS and payload_kind(payload) == SNAPSHOT:
+            item = unpackb(payload, "a SNAPSHOT record", MAX_SNAPSHOT_OBJECTS)
+        else:
+            item = unpackb(payload, "a record", MAX_BATCH_OBJECTS)
     except (LogCorrupt, MemoryError):
         raise
     except Exception as error:  # msgpack raises several unrelated types
@@ -247,9 +246,8 @@ def _inflated_state(data: bytes) -> Any:
     if stream.unused_data:
         raise LogCorrupt(f"SNAPSHOT state: {len(stream.unused_data)} bytes after its zlib "
                          f"stream ({len(data)} bytes deflated; a state is one stream)")
-    budget = ObjectBudget("a SNAPSHOT state", MAX_SNAPSHOT_OBJECTS)
     try:
-        return budget.unpackb(raw)
+        return unpackb(raw, "a SNAPSHOT state", MAX_SNAPSHOT_OBJECTS)
     except (LogCorrupt, MemoryError):
         raise
     except Exception as error:  # msgpack raises several unrelated types
@@ -298,11 +296,11 @@ class LogDecoder:
         """The records of one payload: itself, or a BATCH's in order."""
         item = _unpack(payload)
         if item[0] != BATCH or self.schema < 4:
-            self.context.allowance = IdAllowance()
+            self.context.allowance.renew()
             return [self._one(item)]
         if not self.context.intact:
             raise LogCorrupt("a batch after records of its segment were lost")
-        self.context.allowance = IdAllowance()
+        self.context.allowance.renew()
         try:
             (data,) = item[3:]
             inner = self.inflater.items(data)
