@@ -33,11 +33,12 @@ reports as damage (exit 3) like any other:
   hold at most :data:`MAX_POOL_BLOCKS` entries; a snapshot's stored keys at
   most ``state.STORED_KEYS_MAX``, as the core keeps them.
 
-So a file of ``n`` bytes costs a reader memory of order ``n``, plus at most
-about 80 bytes x :data:`MAX_BATCH_OBJECTS` and 8 bytes x
-:data:`MAX_EXPANDED_IDS` for the one batch it holds decoded, whatever the
-bytes say. Legitimate logs stay far inside (the busiest batch of the golden
-logs: 138,064 objects and 78,615 expanded ids).
+So a file of ``n`` bytes costs a reader memory of order ``n``, plus, for the
+one batch it holds decoded, its inflated bytes (twice: zlib's and msgpack's
+buffer), about 80 bytes x :data:`MAX_BATCH_OBJECTS` of objects and 8 bytes x
+:data:`MAX_EXPANDED_IDS` of copied lists, whatever the bytes say. Legitimate
+logs stay far inside (the busiest batch of the golden logs: 138,064 objects
+and 78,615 expanded ids).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ MAX_POOL_BLOCKS: Final[int] = 1 << 22
 """The most block ids any list in a log holds (a window, an offered list, an
 op's blocks), and the most distinct block ids a segment names: block ids
 index the engine's GPU block pool, and no pool is larger than this (an
-80 GB GPU holds about 300,000 blocks of a 0.5B model)."""
+80 GB GPU holds a few hundred thousand blocks of a 0.5B model's cache)."""
 
 MAX_EXPANDED_IDS: Final[int] = 1 << 23
 """The most block ids the compact forms of one payload (a batch: all its
