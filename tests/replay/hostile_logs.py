@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import attrs
+import msgpack
 
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, frame, scan
@@ -112,14 +113,12 @@ def _later_file(snapshot_state: bytes) -> bytes:
 
 
 def _unpack(payload: bytes) -> tuple[object, ...]:
-    import msgpack
-
     item = msgpack.unpackb(payload, use_list=False)
     assert isinstance(item, tuple)
     return item
 
 
-def golden_snapshot_state() -> bytes:
+def _golden_snapshot_state() -> bytes:
     """The deflated state of the golden log's first snapshot."""
     records = _golden_records()
     payload = next(r.payload for r in records if payload_kind(r.payload) == SNAPSHOT)
@@ -130,7 +129,7 @@ def golden_snapshot_state() -> bytes:
 
 def snapshot_unused_data(junk: bytes = b"\x78\x9c hostile bytes after the stream") -> bytes:
     """A valid snapshot whose deflated state has bytes after its zlib stream."""
-    return _later_file(golden_snapshot_state() + junk)
+    return _later_file(_golden_snapshot_state() + junk)
 
 
 def snapshot_bomb(inflated_bytes: int = 4 << 20) -> bytes:
