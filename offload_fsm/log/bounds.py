@@ -28,7 +28,9 @@ reports as damage (exit 3) like any other:
   (a batch's records together: its records are decoded before any is used)
   hold at most :data:`MAX_EXPANDED_IDS` ids in all (:class:`IdAllowance`),
   checked before each list is built. A copy of a whole earlier list shares
-  it (a tuple's full slice is itself) and is not charged. A segment's
+  it (a tuple's full slice is itself) and is not charged; a block-id run's
+  search for its first id in the list it copies is (so their CPU time is
+  bounded too). A segment's
   tables of block ids (the last hash of each, the last list holding each)
   hold at most :data:`MAX_POOL_BLOCKS` entries; a snapshot's stored keys at
   most ``state.STORED_KEYS_MAX``, as the core keeps them.
@@ -164,3 +166,13 @@ class IdAllowance:
                              f"record batch may expand to (at most {MAX_EXPANDED_IDS} "
                              f"in all, {self.left} left)")
         self.left -= ids
+
+    def take_lookup(self, steps: int, field: str) -> None:
+        """Charge the ``steps`` a block-id run took to find its first id in
+        the list it copies (a run's cost is its search as well as its copy);
+        raises :class:`LogCorrupt` once the lookups are past the allowance."""
+        if steps > self.left:
+            raise LogCorrupt(f"{field}: finding its runs' first ids takes {steps} more steps, "
+                             f"past what one record batch may expand to (at most "
+                             f"{MAX_EXPANDED_IDS} in all, {self.left} left)")
+        self.left -= steps

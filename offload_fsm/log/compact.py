@@ -372,6 +372,7 @@ def unruns(items: tuple[Any, ...], lists: Lists, intact: bool, allowance: IdAllo
         if before is None:
             raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
         p = before.index(block_id)
+        allowance.take_lookup(p, field)
         copied = before[p:p + length]
         if len(copied) != length:
             raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "

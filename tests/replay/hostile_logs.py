@@ -94,6 +94,16 @@ def list_runs(length: int = 100_000, copies: int = 20_000) -> bytes:
     return frame(_header()) + frame(_batch(_inputs(first) + _inputs(second)))
 
 
+def run_lookups(length: int = 800_000, runs: int = 3_000) -> bytes:
+    """A CandidateOffered of ``length`` ids whose last is block 7, then one of
+    ``runs`` one-id runs from block 7, in one batch: each run searches the
+    whole list for it (a few ms apiece, 15 s in all, from a few KB)."""
+    first = (_CANDIDATE_OFFERED, "a", 0, 16 * length, (0,) * (length - 1) + (7,),
+             (None,) * length, 0.0, 0)
+    second = (_CANDIDATE_OFFERED, "b", 0, 16 * runs, ((7, 1),) * runs, (None,) * runs, 0.0, 0)
+    return frame(_header()) + frame(_batch(_inputs(first, second)))
+
+
 def msgpack_objects(arrays: int = 16, maps: int = 1 << 20) -> bytes:
     """A batch that inflates within its byte bound (16 MiB) to ``arrays``
     arrays of ``maps`` empty msgpack maps: one map per byte, about 80 bytes
@@ -144,6 +154,7 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "window-repeats": window_repeats,
     "batch-stream-end": batch_stream_end,
     "list-runs": list_runs,
+    "run-lookups": run_lookups,
     "msgpack-objects": msgpack_objects,
     "snapshot-unused-data": snapshot_unused_data,
     "snapshot-bomb": snapshot_bomb,

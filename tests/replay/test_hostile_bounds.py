@@ -48,6 +48,8 @@ def _replay(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     ("window-repeats", "FreeQueueRead.window_block_ids: its copies make 4000001 block ids, "
                        "past what one record batch may expand to"),
     ("list-runs", "CandidateOffered.block_ids: its copies make 2000000000 block ids"),
+    ("run-lookups", "CandidateOffered.block_ids: finding its runs' first ids takes 799999 "
+                    "more steps, past what one record batch may expand to"),
     ("msgpack-objects", f"a batch decodes to more than {MAX_BATCH_OBJECTS} msgpack objects"),
     ("batch-stream-end", "batch ends its segment's zlib stream, with 6 bytes after the end"),
     ("snapshot-unused-data", "SNAPSHOT state: 33 bytes after its zlib stream"),
