@@ -149,6 +149,17 @@ def snapshot_bomb(inflated_bytes: int = 4 << 20) -> bytes:
     return _later_file(zlib.compress(raw, 9))
 
 
+def snapshot_empty_records(records: int = 1_000_000) -> bytes:
+    """The golden snapshot with ``records`` empty Batch records (one byte
+    each, within its inflate bound): each would become a Batch object of
+    some 200 bytes before its width is checked."""
+    wire = msgpack.unpackb(zlib.decompress(_golden_snapshot_state()), use_list=False,
+                           strict_map_key=False)
+    at = 2 + [name for name, _ in wire[1]].index("Batch")
+    hollow = (*wire[:at], ((),) * records, *wire[at + 1:])
+    return _later_file(zlib.compress(packb(hollow), 9))
+
+
 KINDS: dict[str, Callable[[], bytes]] = {
     "window-copies": window_copies,
     "window-repeats": window_repeats,
@@ -158,6 +169,7 @@ KINDS: dict[str, Callable[[], bytes]] = {
     "msgpack-objects": msgpack_objects,
     "snapshot-unused-data": snapshot_unused_data,
     "snapshot-bomb": snapshot_bomb,
+    "snapshot-empty-records": snapshot_empty_records,
 }
 
 

@@ -54,6 +54,8 @@ def _replay(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     ("batch-stream-end", "batch ends its segment's zlib stream, with 6 bytes after the end"),
     ("snapshot-unused-data", "SNAPSHOT state: 33 bytes after its zlib stream"),
     ("snapshot-bomb", "SNAPSHOT state inflates past 1048576 bytes"),
+    ("snapshot-empty-records", "snapshot: a Batch record has 0 values, expected 9 (checked "
+                               "before its table is built)"),
 ])
 def test_a_crafted_log_ends_in_damage_naming_its_bound(tmp_path: Path, kind: str,
                                                        message: str) -> None:
