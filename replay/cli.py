@@ -37,9 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lazy-offload-replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-memory-mib", type=_mib, metavar="MIB",
-                        help="the memory ceiling replay sets for itself, per process (default: "
-                             f"${memory.ENV_VAR}, else half the machine's memory, at most "
-                             f"{memory.DEFAULT_MAX_MIB}; 0: none); reaching it exits 3")
+                        help="the memory ceiling replay sets for itself, per process "
+                             f"(default: ${memory.ENV_VAR}, else half the machine's or "
+                             f"container's memory, at most {memory.DEFAULT_MAX_MIB}; 0: none); "
+                             "reaching it exits 3")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def log_command(name: str, help_text: str, *, json_flag: bool = True

@@ -8,11 +8,12 @@ unforeseen expansion ends in a ``MemoryError`` that the command line reports
 as a clear error, never in the machine's out-of-memory killer.
 
 The ceiling: ``--max-memory-mib`` (the CLI), else the environment variable
-:data:`ENV_VAR`, else :func:`default_mib` (half the machine's memory, at
-most 8 GiB); 0 means none. It is per process: ``verify --workers N``'s
-workers are forked and inherit it, each, so together they may use N times
-it. A limit already lower (``ulimit -d``) is kept. The previous soft limit
-is restored when the command returns (tests call the CLI in-process).
+:data:`ENV_VAR`, else :func:`default_mib` (half the machine's memory, or of
+its container's limit when lower, at most 8 GiB); 0 means none. It is per
+process: ``verify --workers N``'s workers are forked and inherit it, each,
+so together they may use N times it. A limit already lower (``ulimit -d``)
+is kept. The previous soft limit is restored when the command returns
+(tests call the CLI in-process).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import resource
 from collections.abc import Iterator
 from typing import Final
 
-__all__ = ["DEFAULT_MAX_MIB", "ENV_VAR", "ceiling_mib", "default_mib", "memory_ceiling",
-           "parse_mib"]
+__all__ = ["CGROUP_LIMIT_FILES", "DEFAULT_MAX_MIB", "ENV_VAR", "ceiling_mib", "default_mib",
+           "memory_ceiling", "parse_mib"]
 
 ENV_VAR: Final = "LAZY_OFFLOAD_REPLAY_MAX_MEMORY_MIB"
 DEFAULT_MAX_MIB: Final[int] = 8192
@@ -32,13 +33,28 @@ DEFAULT_MAX_MIB: Final[int] = 8192
 few hundred MiB; the timeline's plot, about 1 GiB at most."""
 
 
+CGROUP_LIMIT_FILES: Final = ("/sys/fs/cgroup/memory.max",
+                              "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+"""Where a container's memory limit is (cgroup v2, v1): a limit below the
+machine's memory is the one whose excess the kernel's OOM killer answers."""
+
+
 def default_mib() -> int:
-    """Half the machine's physical memory, at most :data:`DEFAULT_MAX_MIB`."""
+    """Half the memory this process may have (the machine's, or its
+    container's limit when lower), at most :data:`DEFAULT_MAX_MIB`."""
     try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
-        return DEFAULT_MAX_MIB
-    return max(1, min(DEFAULT_MAX_MIB, physical // 2 >> 20))
+        available = DEFAULT_MAX_MIB << 21
+    for path in CGROUP_LIMIT_FILES:
+        try:
+            with open(path) as limit_file:
+                text = limit_file.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            available = min(available, int(text))
+    return max(1, min(DEFAULT_MAX_MIB, available // 2 >> 20))
 
 
 def parse_mib(text: str, where: str) -> int:

@@ -164,6 +164,19 @@ def test_the_ceiling_is_lifted_when_the_command_returns() -> None:
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
 
 
+def test_the_default_ceiling_is_half_a_containers_limit(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a container's memory limit the OOM killer answers that limit, not
+    the machine's memory: the default takes the lower."""
+    limit = tmp_path / "memory.max"
+    limit.write_text(f"{512 << 20}\n")
+    monkeypatch.setattr(memory, "CGROUP_LIMIT_FILES", (str(tmp_path / "absent"), str(limit)))
+    assert memory.default_mib() == 256
+    limit.write_text("max\n")  # no limit (cgroup v2)
+    assert memory.default_mib() == min(memory.DEFAULT_MAX_MIB, os.sysconf("SC_PHYS_PAGES")
+                                       * os.sysconf("SC_PAGE_SIZE") // 2 >> 20)
+
+
 def test_a_bad_ceiling_is_a_usage_error() -> None:
     err = io.StringIO()
     assert main(["--max-memory-mib", "-1", "verify", "x"], err=err) == 2
