@@ -1,12 +1,13 @@
 """Replay is bounded by construction: each crafted log of a few KB
-(``tests.replay.hostile_logs``) that expands into GBs without its bound ends
-in exit 3 with a message naming the field, the value and the bound
-(``offload_fsm.log.bounds``); and replay's own memory ceiling
-(``replay.memory``) turns what no bound foresaw into a clear error.
+(``tests.replay.hostile_logs``), which without its bound expands into GBs,
+burns CPU or is misread, ends in exit 3 with a message naming the field,
+the value and the bound (``offload_fsm.log.bounds``); and replay's own
+memory ceiling (``replay.memory``) turns what no bound foresaw into a clear
+error.
 
 Each hostile log runs ``python -m replay`` in a subprocess under a 1 GiB
-address-space limit, so a reader without the bound fails the test with a
-``MemoryError`` instead of taking the machine."""
+address-space limit, so a reader without the bound fails the test (out of
+that memory, or with another verdict) instead of taking the machine."""
 
 from __future__ import annotations
 
