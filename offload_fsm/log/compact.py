@@ -39,6 +39,7 @@ from itertools import compress, count, repeat
 from operator import is_not
 from typing import Any, Final
 
+from offload_fsm.log.bounds import MAX_POOL_BLOCKS, IdAllowance
 from offload_fsm.log.records import INPUTS
 from offload_fsm.log.wire import TO_WIRE, OutcomeWire, packb, recorded_form
 from offload_fsm.vocabulary.commands import ReadHashes
@@ -72,13 +73,14 @@ class WireContext:
     last hash sent per block id and the last offered list holding each block
     id (each bounded by the engine's block pool)."""
 
-    __slots__ = ("window", "hashes", "lists", "intact")
+    __slots__ = ("window", "hashes", "lists", "intact", "allowance")
 
     def __init__(self) -> None:
         self.window: tuple[int, ...] = ()
         self.hashes: dict[int, Any] = {}
         self.lists = Lists()
         self.intact = True
+        self.allowance = IdAllowance()  # the reader's: renewed per payload (``log.decode``)
 
     def reset(self) -> None:
         """A segment starts: nothing is known, and nothing is missing."""
@@ -159,17 +161,21 @@ class WireContext:
         tag = item[0]
         try:
             if tag == _STEP:
-                window = self._undelta(item[6])
+                window = self._undelta(item[6], "StepScheduled.window_block_ids")
                 pairs = tuple(map(self._unpair, item[7]))
+                self._bound_hashes()
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
-                ids, refs = unruns(item[4], self.lists, self.intact), item[5]
+                ids = unruns(item[4], self.lists, self.intact, self.allowance,
+                             "CandidateOffered.block_ids")
+                refs = item[5]
                 if not self.intact and any(value is True for value in refs):
                     raise LogCorrupt("a hash reference into records lost to damage")
-                return (*item[:4], ids, resolve(ids, refs, self.hashes, self._known),
-                        *item[6:])
+                hashes = resolve(ids, refs, self.hashes, self._known)
+                self._bound_hashes()
+                return (*item[:4], ids, hashes, *item[6:])
             if tag == _FREE_QUEUE:
-                return (tag, self._undelta(item[1]))
+                return (tag, self._undelta(item[1], "FreeQueueRead.window_block_ids"))
             if tag == _HASHES:
                 return (tag, item[1], tuple(
                     self._known(v[0]) if type(v) is tuple else v for v in item[2]))
@@ -192,9 +198,17 @@ class WireContext:
         self.hashes[block_id] = value
         return pair
 
-    def _undelta(self, items: tuple[Any, ...]) -> tuple[int, ...]:
+    def _bound_hashes(self) -> None:
+        if len(self.hashes) > MAX_POOL_BLOCKS:
+            raise LogCorrupt(f"the segment sends hashes of {len(self.hashes)} block ids, more "
+                             f"than a block pool holds (at most {MAX_POOL_BLOCKS})")
+
+    def _undelta(self, items: tuple[Any, ...], field: str) -> tuple[int, ...]:
         if not items:
             return ()
+        if len(items) > MAX_POOL_BLOCKS:
+            raise LogCorrupt(f"{field}: {len(items)} items, more than a window holds "
+                             f"(at most {MAX_POOL_BLOCKS})")
         # The common shapes, in C: every id sent, or one copy and then the
         # ids the window's tail gained (the usual step: the window only grows
         # at its tail).
@@ -204,26 +218,36 @@ class WireContext:
                 self.window = items
                 return items
             if type(items[0]) is tuple and len(items[0]) == 2:
-                self.window = window = self._copied(*items[0]) + sent
+                start, length = items[0]
+                self._check_copy(start, length)
+                if sent or length != len(self.window):  # else the copy is the window itself
+                    self.allowance.take(length + len(sent), field)
+                self.window = window = self.window[start:start + length] + sent
                 return window
+        length = 0
+        for item in items:
+            length += 1 if type(item) is int else self._check_copy(*item)
+        self.allowance.take(length, field)
+        previous = self.window
         out: list[int] = []
         for item in items:
             if type(item) is int:
                 out.append(item)
                 continue
             start, length = item
-            out.extend(self._copied(start, length))
+            out.extend(previous[start:start + length])
         self.window = window = tuple(out)
         return window
 
-    def _copied(self, start: int, length: int) -> tuple[int, ...]:
-        previous = self.window
+    def _check_copy(self, start: int, length: int) -> int:
+        """``length`` if ``(start, length)`` copies from the previous window."""
         if not self.intact:
             raise LogCorrupt("a window delta against records lost to damage")
-        if start < 0 or length < 1 or start + length > len(previous):
+        if type(start) is not int or type(length) is not int or start < 0 or length < 1 \
+                or start + length > len(self.window):
             raise LogCorrupt(f"window copy {(start, length)!r} outside the previous window "
-                             f"({len(previous)} blocks)")
-        return previous[start:start + length]
+                             f"({len(self.window)} blocks)")
+        return length
 
 
 def refer(ids: tuple[int, ...], hashes: tuple[Any, ...], table: dict[int, Any]
@@ -313,14 +337,30 @@ def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
     return ids if len(out) == n else tuple(out)
 
 
-def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[int, ...]:
-    """The inverse of :func:`runs`; raises :class:`LogCorrupt` on a run the
-    table cannot resolve, or any run when records before were lost."""
+def unruns(items: tuple[Any, ...], lists: Lists, intact: bool, allowance: IdAllowance,
+           field: str) -> tuple[int, ...]:
+    """The inverse of :func:`runs` for ``field``; raises :class:`LogCorrupt` on a
+    run the table cannot resolve, any run when records before were lost, or
+    runs past ``allowance`` or past :data:`MAX_POOL_BLOCKS` ids (checked
+    before the list is built)."""
+    if len(items) > MAX_POOL_BLOCKS:
+        raise LogCorrupt(f"{field}: {len(items)} items, more than a list of block ids "
+                         f"holds (at most {MAX_POOL_BLOCKS})")
     if tuple not in map(type, items):  # no runs
-        lists.learn(items)
+        _learn(lists, items, field)
         return items
     if not intact:
         raise LogCorrupt("a block-id run against records lost to damage")
+    length = 0
+    for item in items:
+        if type(item) is int:
+            length += 1
+            continue
+        if len(item) != 2 or type(item[0]) is not int or type(item[1]) is not int \
+                or item[1] < 1:
+            raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
+        length += item[1]
+    allowance.take(length, field)
     out: list[int] = []
     last = lists.last
     for item in items:
@@ -328,20 +368,26 @@ def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[i
             out.append(item)
             continue
         block_id, length = item
-        if type(block_id) is not int or type(length) is not int or length < 1:
-            raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
         before = last.get(block_id)
         if before is None:
             raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
         p = before.index(block_id)
+        allowance.take_lookup(p, field)
         copied = before[p:p + length]
         if len(copied) != length:
             raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "
                              f"({len(before) - p} ids left)")
         out.extend(copied)
     ids = tuple(out)
-    lists.learn(ids)
+    _learn(lists, ids, field)
     return ids
+
+
+def _learn(lists: Lists, ids: tuple[int, ...], field: str) -> None:
+    lists.learn(ids)
+    if len(lists.last) > MAX_POOL_BLOCKS:
+        raise LogCorrupt(f"{field}: the lists before name {len(lists.last)} block ids, more "
+                         f"than a block pool holds (at most {MAX_POOL_BLOCKS})")
 
 
 def _worth_a_reference(value: Any) -> bool:

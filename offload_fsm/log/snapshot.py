@@ -383,6 +383,15 @@ def _from_wire(data: Any, config: OffloadConfig) -> State:
         raise LogCorrupt(f"snapshot: classes {sorted(recorded)}, expected {sorted(_BY_NAME)}")
     for cls in _TOP:
         _RECORDS[cls].plan(recorded[cls.__name__])  # refuses unknown fields up front
+    for cls, table in zip(_SHARED, rows, strict=True):
+        # Each record's width checked before any object is made for it: a
+        # record is then at least as big decoded as the object it becomes,
+        # so a table of empty records cannot make objects out of nothing.
+        width = len(recorded[cls.__name__])
+        odd = next((values for values in table if len(values) != width), None)
+        if odd is not None:
+            raise LogCorrupt(f"snapshot: a {cls.__name__} record has {len(odd)} values, "
+                             f"expected {width} (checked before its table is built)")
     tables = {cls: [object.__new__(cls) for _ in table] for cls, table in
               zip(_SHARED, rows, strict=True)}
     decoding = Decoding(tables, version)
