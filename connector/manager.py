@@ -188,6 +188,11 @@ class EventSourcedManager:
         self._ema: float | None = None
 
     @property
+    def events_applied(self) -> int:
+        """How many events the core has applied (and the log numbered)."""
+        return self._seq
+
+    @property
     def draining(self) -> bool:
         """Whether the shell stopped offloading and only drains (see above)."""
         return self._drain is not None
