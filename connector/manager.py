@@ -200,6 +200,11 @@ class EventSourcedManager:
     # -- the LMCache manager interface -----------------------------------
 
     def bind_block_pool(self, gpu_block_pool: Any) -> None:
+        """vLLM's scheduler hands the connector its ``BlockPool``, once, before
+        the first step (LMCache's ``bind_gpu_block_pool``). We keep it for
+        the pool commands and log the policy line of the spec. A second,
+        different pool is refused (raises): the core's block ids would name
+        two pools' blocks."""
         if self._pool is not None and self._pool is not gpu_block_pool:
             raise ValueError("lazy offload is already bound to a different GPU block pool")
         self._pool = gpu_block_pool
@@ -243,6 +248,14 @@ class EventSourcedManager:
 
     @_hook(LazyOffloadActions)
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
+        """Called once per ``schedule()``, from ``build_connector_meta``, after
+        this step's offers and before the metadata goes to the workers;
+        ``scheduler_output`` is read, never changed. We feed the step
+        (``StepScheduled``, or one more passed step: see :meth:`_step`), run
+        the core's commands (pins, hash reads, free-queue reads, releases)
+        and return the stores to put in this step's metadata and the
+        sessions to end. Never raises (``_hook``); in drain-only mode only
+        settles what is in flight."""
         if self._drain is not None:
             self._execute_all(self._drain.step(self._clock()))
         elif self._pool is not None:
@@ -253,6 +266,13 @@ class EventSourcedManager:
     def on_store_results(
         self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
     ) -> LazyOffloadActions:
+        """Called from ``update_connector_output`` every step with the
+        workers' store receipts (per request, how many workers finished its
+        store; the requests whose store failed on some worker). An empty
+        call applies nothing. Otherwise ``ReceiptsArrived``: a batch every
+        worker reported is settled and its pins released; a failure drops
+        the request's later buffered ops. Returns the sessions that can now
+        end. Never raises."""
         if self._drain is not None:
             self._execute_all(self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
@@ -264,6 +284,12 @@ class EventSourcedManager:
 
     @_hook(LazyOffloadActions)
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
+        """Called from ``request_finished``, before vLLM frees the request's
+        blocks (they join the free queue's tail next). ``RequestFinished``
+        with the free-queue length now: the policy may shield the request's
+        buffered ops (pin them) before ``schedule()`` can reallocate them.
+        Returns the session to end when nothing is buffered or in flight.
+        Never raises."""
         if self._drain is not None:
             self._execute_all(self._drain.finished(request_id))
         else:
@@ -272,11 +298,19 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
+        """LMCache recreates a preempted request's tracker: the request
+        restarts from token 0. ``RequestPreempted``: its buffered ops are
+        dropped and a batch in flight is orphaned (its receipts still release
+        its pins). Never raises."""
         if self._drain is None:
             self._guarded(self._feed, RequestPreempted(req_id=request_id))
 
     @_hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
+        """LMCache creates a request's tracker (a new request, or an id reused
+        while the predecessor's teardown was deferred). ``RequestArrived``;
+        returns the predecessor's session to end first, if any. Never
+        raises."""
         if self._drain is not None:
             self._drain.arrived(request_id)
         else:
@@ -285,6 +319,11 @@ class EventSourcedManager:
 
     @_hook(lambda: False)
     def has_inflight_store_work(self) -> bool:
+        """vLLM asks (``Scheduler.has_requests`` through LMCache's
+        ``has_pending_push_work``) whether to keep stepping with no request:
+        yes while a store awaits receipts, shields hold pins, or a configured
+        tail flush has work. After vLLM's shutdown signal, the first "no"
+        seals the log (:meth:`_seal_early`). Reads only; never raises."""
         # Read once, first: the SIGTERM hook runs between any two bytecodes of
         # this thread, and a signal that lands after "no work" was computed
         # must not seal the log with the tail unflushed; the next call flushes.
@@ -324,6 +363,11 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def log_final_stats(self) -> None:
+        """vLLM's connector shutdown (LMCache's ``shutdown``). Feeds
+        ``ShutdownRequested`` (what is buffered is dropped and counted, what
+        is in flight abandoned), logs the final counters line of the spec and
+        hands the log its END; after an early seal, settles what came in
+        since. Idempotent; never raises."""
         if not self._closed:
             self._close()
             return
@@ -369,7 +413,9 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
-        """vLLM reset its prefix cache (every block hash is gone)."""
+        """vLLM reset its prefix cache (``reset_cache``): every buffered op's
+        blocks may now hold other content. ``PrefixCacheReset`` drops them
+        (cause ``cache_reset``). Never raises."""
         if self._drain is None:
             self._guarded(self._feed, PrefixCacheReset())
 
@@ -514,6 +560,7 @@ class EventSourcedManager:
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
     def counters_line(self) -> str:
+        """The spec's counters line (``Lazy offload final counters: ...``)."""
         return counters_line(self.state)
 
     # -- the command loop -------------------------------------------------
