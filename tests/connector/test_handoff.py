@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from connector.handoff import ACK, END, RESYNC, START, STEP, Handoff, state_summary
+from connector.handoff import (
+    ACK,
+    END,
+    PROTOCOL,
+    RESYNC,
+    START,
+    STEP,
+    Handoff,
+    state_summary,
+)
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
@@ -72,7 +81,8 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
 
     return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
                    wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
-                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False)
+                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False,
+                   idle_flush=False)
 
 
 def _events(messages: list[Any]) -> int:
@@ -89,7 +99,7 @@ def test_every_event_is_handed_over_in_order_with_its_check() -> None:
     handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
     world = run_workload(requests=40, seed=1, sink=handoff.record)
     handoff.close(world.state)
-    assert link.messages[0] == (START, 0, 0.0, 0, None)
+    assert link.messages[0] == (START, 0, 0.0, 0, None, PROTOCOL)
     steps = [m for m in link.messages if m[0] == STEP]
     seq = 0
     for message in steps:
@@ -111,7 +121,9 @@ def test_the_bytes_in_flight_never_pass_the_budget_and_an_outage_warns_once() ->
     world = run_workload(requests=40, seed=1, sink=handoff.record)
     assert handoff.stats.bytes_in_flight_max <= 4096
     assert link.bytes <= 4096
-    assert len(warnings) == 1 and "budget (4096 bytes) is full" in warnings[0]
+    assert "budget (4096 bytes) is full" in warnings[0]
+    # The only other: no snapshot fits 4096 bytes (said once, with the key).
+    assert len(warnings) == 2 and "lazy_offload_log_budget_mib to at least 4" in warnings[1]
     assert handoff.events_lost == len(world.applied) - _events(link.messages)
     assert not handoff.recorder_up
 
@@ -131,7 +143,7 @@ def test_acknowledged_room_ends_the_outage_with_the_lost_count_and_a_snapshot() 
     world = run_workload(requests=100, seed=1, sink=sink)
     starts = [m for m in link.messages if m[0] == START]
     assert len(starts) == 2
-    _, seq, _, lost, packed = starts[1]
+    _, seq, _, lost, packed, _ = starts[1]
     assert lost > 0 and packed is not None
     restored = snapshot.from_wire(unpackb(packed), default_config())
     assert restored.step_index <= world.state.step_index
@@ -260,7 +272,7 @@ def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, Pi
             "digest_every": 50}
     link = PipedLink(lambda reply: Recorder(spec, lambda message: reply(unpackb(message))))
     handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50, flush_every_s=0.0,
-                      warn=lambda message: None, register_atexit=False)
+                      warn=lambda message: None, register_atexit=False, idle_flush=False)
     return handoff, link
 
 
@@ -318,7 +330,7 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     link = Counting()
     clock = Clock()
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
-                      flush_every_s=0.01, register_atexit=False)
+                      flush_every_s=0.01, register_atexit=False, idle_flush=False)
     world = run_workload(requests=20, seed=1, sink=handoff.record)
     steps = len([m for m in link.messages if m[0] == STEP])
     assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
