@@ -5,13 +5,18 @@ waits. The real recorder process is in ``test_recorder_process.py``."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
+import attrs
 import pytest
 
+from connector.handoff import _flush_when_idle as module_flush_when_idle
 from connector.handoff import (
     ACK,
     END,
+    FAILED,
     PROTOCOL,
     RESYNC,
     START,
@@ -19,9 +24,11 @@ from connector.handoff import (
     Handoff,
     state_summary,
 )
+from offload_fsm import drive, new_state
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.events import StepScheduled
 
 
 class FakeLink:
@@ -336,3 +343,172 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
     handoff.close(world.state)
     assert flushes[0] <= 3 and link.messages[-1][0] == END
+
+
+# --------------------------------------------------------------------------
+# Backoff that holds (issue 38): counted over simulated minutes, not timed.
+
+
+class DyingLink(FakeLink):
+    """A recorder that dies on every START: after a FAILED reply when
+    ``failure`` is given (it could not open its log), else without a word."""
+
+    def __init__(self, failure: tuple[str, str] | None) -> None:
+        super().__init__()
+        self.failure = failure
+
+    def send(self, message: bytes) -> bool:
+        super().send(message)
+        if self.messages[-1][0] == START:
+            if self.failure is not None:
+                self.pending.append((FAILED, *self.failure))
+            self.code = 3 if self.failure is not None else 1
+        return True
+
+
+def _simulated(handoff: Handoff, clock: Clock, minutes: float, tick_s: float = 0.1,
+               state: Any = None, each: Any = None) -> None:
+    """Idle scheduler steps, one per ``tick_s`` of the fake clock."""
+    if state is None:
+        state = new_state(default_config(), world_size=2)
+    step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
+                         reserve_blocks=0, free_blocks=100, window_block_ids=(),
+                         reallocated=(), time_s=0.0)
+    for i in range(round(minutes * 60 / tick_s)):
+        clock.now += tick_s
+        if each is not None:
+            each()
+        event = attrs.evolve(step, time_s=state.time_s + tick_s)
+        handoff.record(drive(state, event, lambda c: None), state)
+
+
+@pytest.mark.parametrize("failure", [None, ("EROFS", "the log directory /x cannot be "
+                                             "written (Read-only file system); remount it")])
+def test_a_recorder_that_dies_on_every_start_is_not_a_storm(
+        failure: tuple[str, str] | None) -> None:
+    """The backoff returns to its minimum only when a START is acknowledged:
+    over five simulated minutes a recorder that dies on each START is
+    started about log2(60) + 5 times (not every 1.5 s), with one warning."""
+    clock = Clock()
+    links: list[DyingLink] = []
+    warnings: list[str] = []
+
+    def launch() -> DyingLink:
+        links.append(DyingLink(failure))
+        return links[-1]
+
+    handoff = Handoff(launch, budget_bytes=1 << 30, warn=warnings.append, clock=clock,
+                      wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 60.0),
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    _simulated(handoff, clock, minutes=5)
+    # Deaths at about 0, 1, 3, 7, 15, 31, 63, 123, 183, 243 s: ten starts.
+    assert len(links) <= 11, len(links)
+    assert len(warnings) == 1, warnings
+    if failure is not None:
+        assert "cannot record: the log directory /x cannot be written" in warnings[0]
+        assert "remount it" in warnings[0]
+    else:
+        assert "exited (code 1)" in warnings[0]
+
+
+def test_a_persistent_resync_is_answered_with_backoff() -> None:
+    """A recorder whose fold disagrees after every snapshot: each START (a
+    snapshot on the scheduler thread, a new file) doubles the wait for the
+    next, up to a minute; not one every half second."""
+    clock = Clock()
+
+    class Mismatched(FakeLink):
+        def send(self, message: bytes) -> bool:
+            super().send(message)
+            self.ack()
+            if self.messages[-1][0] == START and self.messages[-1][4] is not None:
+                self.pending.append((RESYNC,))
+            return True
+
+    link = Mismatched()
+    link.pending.append((RESYNC,))
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
+                      wall_clock=lambda: 0.0, liveness_every_s=0.5, backoff_s=(1.0, 60.0),
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    _simulated(handoff, clock, minutes=5)
+    starts = [m for m in link.messages if m[0] == START and m[4] is not None]
+    assert 5 <= len(starts) <= 11, len(starts)
+    assert handoff.events_lost == 0
+
+
+def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outage cannot end while the snapshot does not fit: one warning
+    naming the setting and the bytes needed, and the state is packed again
+    only with the doubling backoff, not at every liveness check."""
+    import connector.handoff as module
+
+    packs = [0]
+    to_wire = module.snapshot.to_wire
+
+    def counted(state: Any) -> Any:
+        packs[0] += 1
+        return to_wire(state)
+
+    monkeypatch.setattr(module.snapshot, "to_wire", counted)
+    clock = Clock()
+    first, second = FakeLink(), FakeLink()
+    warnings: list[str] = []
+    busy: list[Any] = []  # a state mid-run, whose snapshot is a few KiB
+
+    def keep(applied: Any, state: Any) -> None:
+        if len(state.stored_keys) > 20 and state.requests and not busy:
+            busy.append(snapshot.from_wire(unpackb(packb(snapshot.to_wire(state))),
+                                           default_config()))
+
+    run_workload(requests=60, seed=1, sink=keep)
+    assert len(packb(snapshot.to_wire(busy[0]))) > 2048
+    links = [first, second]
+    handoff = Handoff(lambda: links.pop(0), budget_bytes=2048, warn=warnings.append,
+                      clock=clock, wall_clock=lambda: 0.0, liveness_every_s=0.0,
+                      backoff_s=(1.0, 60.0), flush_every_s=0.0, register_atexit=False,
+                      idle_flush=False)
+    first.code = -9
+    packs[0] = 0
+    _simulated(handoff, clock, minutes=5, state=busy[0], each=second.ack)
+    snapshot_warnings = [w for w in warnings if "snapshot needs" in w]
+    assert len(snapshot_warnings) == 1
+    assert "lmcache.mp.lazy_offload_log_budget_mib to at least 4" in snapshot_warnings[0]
+    # Tried at about 1, 3, 7, 15, 31, 63, 123, 183, 243 s.
+    assert packs[0] <= 10, packs[0]
+    assert not handoff.recorder_up
+
+
+def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
+    """The last steps before the engine goes quiet reach ZeroMQ within about
+    ``flush_every_s``, without another call from the engine."""
+    flushed = threading.Event()
+
+    class Watched(FakeLink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushes = 0
+
+        def flush(self) -> bool:
+            self.flushes += 1
+            if self.flushes > 2:
+                flushed.set()
+            return True
+
+    link = Watched()
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=3600.0, register_atexit=False, idle_flush=False)
+    assert link.flushes == 1  # the START
+    state = new_state(default_config(), world_size=2)
+    step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
+                         reserve_blocks=0, free_blocks=100, window_block_ids=(),
+                         reallocated=(), time_s=0.0)
+    handoff.record(drive(state, step, lambda c: None), state)  # due: handed over
+    step = attrs.evolve(step, time_s=1.0)
+    handoff.record(drive(state, step, lambda c: None), state)  # within the hour: held
+    assert link.flushes == 2 and handoff._open_first is not None
+    handoff._flush_every_s = 0.01  # the engine is idle from here on
+    threading.Thread(target=module_flush_when_idle, args=(weakref.ref(handoff), 0.01),
+                     daemon=True).start()
+    assert flushed.wait(10.0), "the idle engine's last step was never handed over"
+    assert handoff._frames and handoff._open_first is None
