@@ -507,6 +507,7 @@ class Handoff:
                     self._resync_backoff.reset()  # the last mismatch is long past
             elif reply[0] == FAILED and len(reply) > 2:
                 self._failure = (str(reply[1]), str(reply[2]))
+                self._start_at = None  # that START was refused: the recorder is not up
         frames = self._frames
         acked = self._acked
         while frames and frames[0][0] <= acked:

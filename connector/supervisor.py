@@ -48,6 +48,7 @@ class RecorderLink:
         self._socket.setsockopt(zmq.LINGER, 0)
         # The open frame: messages back to back, no per-message object.
         self._frame = bytearray()
+        self.endpoint_path = path
         endpoint = f"ipc://{path}"
         # Connected (the recorder binds): a connecting socket queues what is
         # sent before its peer is there; ZeroMQ connects once it is.

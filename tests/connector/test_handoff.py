@@ -512,3 +512,31 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
                      daemon=True).start()
     assert flushed.wait(10.0), "the idle engine's last step was never handed over"
     assert handoff._frames and handoff._open_first is None
+
+
+def test_a_recorder_refuses_an_engine_of_another_protocol_once(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An upgrade installed under a running engine: the new recorder gets a
+    START of another protocol version and refuses it (FAILED, which the
+    engine warns about once). An engine from before the handshake does not
+    read FAILED: the recorder says it on stderr itself, once per engine."""
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    spec = {"directory": str(tmp_path / "logs"), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 20, "max_total_bytes": None, "budget_bytes": 1 << 26,
+            "endpoint": f"ipc://{tmp_path}/recorder-0.sock"}
+    for start in [(START, 0, 0.0, 0, None, PROTOCOL + 1), (START, 0, 0.0, 0, None),
+                  (START, 0, 0.0, 0, None)]:
+        replies: list[Any] = []
+        recorder = Recorder(spec, lambda message: replies.append(unpackb(message)))
+        with caplog.at_level("WARNING", logger="connector.recorder"):
+            recorder.handle(packb(start))
+        assert recorder.done and recorder.failed and recorder.recorder is None
+        ((kind, cause, why),) = replies
+        assert (kind, cause) == (FAILED, "protocol") and "restart vLLM" in why
+    said = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
+    assert len(said) == 1 and "one from before version 2" in said[0]
+    assert not (tmp_path / "logs").exists()  # nothing written for a refused engine
