@@ -249,6 +249,7 @@ class Handoff:
         self._next_liveness = 0.0
         self._failure: tuple[str, str] | None = None  # the last FAILED reply
         self._warned_causes: set[str] = set()
+        self._bugs_warned: set[str] = set()  # the kinds of error _failed warned about
         self._warned_snapshot = False
         self._closed = False
         self._end_at: int | None = None  # the byte total that acknowledges END
@@ -293,15 +294,20 @@ class Handoff:
         if self._closed or not applied:
             return
         with self._lock:
-            self._batch.append(self._pack(applied))
-            self._seq += len(applied)
-            self._batch_events += len(applied)
-            if closes_batch(applied, self._batch_events):
-                summary = None
-                if self._seq >= self._next_digest > 0:
-                    self._next_digest = next_digest_seq(self._seq, self._digest_every, state)
-                    summary = state_summary(state)
-                self._send_batch(summary, state)
+            first = self._seq
+            try:
+                self._batch.append(self._pack(applied))
+                self._seq += len(applied)
+                self._batch_events += len(applied)
+                if closes_batch(applied, self._batch_events):
+                    summary = None
+                    if self._seq >= self._next_digest > 0:
+                        self._next_digest = next_digest_seq(self._seq, self._digest_every,
+                                                            state)
+                        summary = state_summary(state)
+                    self._send_batch(summary, state)
+            except Exception as error:
+                self._failed(error, first + len(applied))
 
     def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
                         reason: str, state: State) -> None:
@@ -310,17 +316,21 @@ class Handoff:
         if self._closed:
             return
         with self._lock:
-            # The open batch, before this callback; no START now: ``state`` is
-            # already past the rejected event.
-            self._send_batch(None, state, service=False)
-            first = self._seq
-            message = packb((REJECT, first, self._wall(), self._pack(applied),
-                             TO_WIRE[type(event)](event), reason))
-            self._seq += len(applied) + 1
-            self._batch_seq = self._seq
-            self._hand(message, first)
-            if self._link is not None:
-                self._flush(self._link)
+            end = self._seq + len(applied) + 1
+            try:
+                # The open batch, before this callback; no START now: ``state``
+                # is already past the rejected event.
+                self._send_batch(None, state, service=False)
+                first = self._seq
+                message = packb((REJECT, first, self._wall(), self._pack(applied),
+                                 TO_WIRE[type(event)](event), reason))
+                self._seq += len(applied) + 1
+                self._batch_seq = self._seq
+                self._hand(message, first)
+                if self._link is not None:
+                    self._flush(self._link)
+            except Exception as error:
+                self._failed(error, end)
 
     def close(self, state: State | None) -> None:
         """Hand END over (with a summary for the final digest when ``state``
@@ -328,22 +338,51 @@ class Handoff:
         if self._closed:
             return
         with self._lock:
-            if state is not None:
-                self._send_batch(None, state)
-                self._service(state)
-            self._closed = True
-            link = self._link
-            lost_from = self._lost_from
-            if lost_from is None and self._batch:  # a batch no state could send
-                lost_from = self._batch_seq
-            if lost_from is not None:
-                self.stats.events_lost += self._seq - lost_from
-                self._lost_from = None
-            summary = state_summary(state) if state is not None and lost_from is None else None
-            message = packb((END, self._seq, self._wall(), summary, lost_from))
-            if link is not None and self._send(link, message, self._seq):
-                self._end_at = self._sent
-                self._flush(link)
+            try:
+                self._close(state)
+            except Exception as error:
+                self._closed = True
+                self._failed(error, self._seq)
+
+    def _close(self, state: State | None) -> None:
+        if state is not None:
+            self._send_batch(None, state)
+            self._service(state)
+        self._closed = True
+        link = self._link
+        lost_from = self._lost_from
+        if lost_from is None and self._batch:  # a batch no state could send
+            lost_from = self._batch_seq
+        if lost_from is not None:
+            self.stats.events_lost += self._seq - lost_from
+            self._lost_from = None
+        summary = state_summary(state) if state is not None and lost_from is None else None
+        message = packb((END, self._seq, self._wall(), summary, lost_from))
+        if link is not None and self._send(link, message, self._seq):
+            self._end_at = self._sent
+            self._flush(link)
+
+    def _failed(self, error: Exception, end_seq: int) -> None:
+        """A failure of this code (a bug), not the recorder's: the events of
+        the open batch and the call fall into an outage, as a lost message's
+        do (the next batch boundary tries to resume); serving, and offload,
+        go on. Warned once per kind of error."""
+        first = min(self._batch_seq, self._seq)
+        self._seq = max(self._seq, end_seq)
+        self._batch = []
+        self._batch_events = 0
+        self._batch_seq = self._seq
+        if self._lost_from is None:
+            self._lost_from = first
+            self.stats.outages += 1
+        else:
+            self._lost_from = min(self._lost_from, first)
+        kind = type(error).__name__
+        if kind not in self._bugs_warned:
+            self._bugs_warned.add(kind)
+            self._warn(f"event log: the hand-off failed ({error!r}); serving and offload "
+                       "continue, the events are counted and the log records them as a GAP "
+                       "when recording resumes")
 
     def wait_for_end(self) -> bool:
         """At the engine's exit: wait at most ``end_wait_s`` for the recorder

@@ -540,3 +540,36 @@ def test_a_recorder_refuses_an_engine_of_another_protocol_once(
     said = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
     assert len(said) == 1 and "one from before version 2" in said[0]
     assert not (tmp_path / "logs").exists()  # nothing written for a refused engine
+
+
+def test_a_failure_inside_the_hand_off_is_an_outage_not_an_exception() -> None:
+    """The hand-off's own failure (here the socket's send raising) never
+    reaches the caller: the events are counted as lost, one warning per
+    kind of error, and recording resumes when the failure stops."""
+    class Raising(FakeLink):
+        broken = False
+
+        def send(self, message: bytes) -> bool:
+            if self.broken:
+                raise RuntimeError("socket gone mad")
+            return super().send(message)
+
+    link = Raising()
+    warnings: list[str] = []
+    handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
+    calls = [0]
+
+    def sink(applied: Any, state: Any) -> None:
+        calls[0] += 1
+        link.broken = 100 <= calls[0] < 200
+        link.ack()
+        handoff.record(applied, state)
+
+    world = run_workload(requests=60, seed=4, sink=sink)
+    handoff.close(world.state)
+    assert len(warnings) == 1 and "the hand-off failed (RuntimeError('socket gone mad'))" \
+        in warnings[0]
+    starts = [m for m in link.messages if m[0] == START]
+    assert len(starts) == 2 and starts[1][3] > 0  # resumed with the loss counted
+    assert handoff.stats.events_lost == starts[1][3] and handoff.stats.outages == 1
+    assert link.messages[-1][0] == END and link.messages[-1][1] == len(world.applied)
