@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
@@ -268,9 +269,12 @@ def _make_handoff(
 
 
 def _check_writable(directory: str) -> None:
-    """Raise :class:`OSError` unless ``directory`` can be created and written."""
+    """Raise :class:`OSError` unless ``directory`` can be created and written.
+    The probe file has a name of its own (pid and random bits, created
+    exclusively, never through a link), so a stale probe left by a process
+    killed before it removed it (the same pid again in a new container) is
+    no obstacle."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    probe = os.path.join(directory, f".probe-{os.getpid()}")
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, probe = tempfile.mkstemp(prefix=f".probe-{os.getpid()}-", dir=directory)
     os.close(fd)
     os.unlink(probe)
