@@ -453,3 +453,38 @@ def test_the_recorder_imports_nothing_from_the_engines_working_directory(
     assert h.wait_for_end()
     assert not marker.exists(), "the recorder imported the planted json.py"
     assert replay(tmp_path / "logs").ended_cleanly
+
+
+_PEER = textwrap.dedent("""
+    import sys, time, zmq
+    peer = zmq.Context().socket(zmq.XSUB)
+    peer.connect(sys.argv[1])
+    peer.send(b"\\x01" + b"x" * (1 << 20))  # a 1 MiB subscription
+    time.sleep(120)
+""")
+
+
+def test_a_peer_declaring_a_huge_subscription_is_cut_off(tmp_path: Path) -> None:
+    """What a stream's peer (another process) may send the PUB is capped (a
+    subscription is a few bytes): one sending a 1 MiB subscription is
+    disconnected, not buffered."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    from connector.recording import pub_socket
+
+    context = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/pub.sock"
+    pub = pub_socket(context, endpoint, 1 << 20)
+    monitor = pub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, endpoint])
+    try:
+        assert monitor.poll(10_000), "the peer's 1 MiB subscription was taken in"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    finally:
+        peer.kill()  # killed: its libzmq crashes terminating a refused big message
+        peer.wait(timeout=30)
+        pub.disable_monitor()
+        monitor.close(linger=0)
+        pub.close(linger=0)
+        context.term()
