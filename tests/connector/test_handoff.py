@@ -573,3 +573,70 @@ def test_a_failure_inside_the_hand_off_is_an_outage_not_an_exception() -> None:
     assert len(starts) == 2 and starts[1][3] > 0  # resumed with the loss counted
     assert handoff.stats.events_lost == starts[1][3] and handoff.stats.outages == 1
     assert link.messages[-1][0] == END and link.messages[-1][1] == len(world.applied)
+
+
+def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
+        tmp_path: Any) -> None:
+    """What the recorder queues for its writer are Python objects, 10-15
+    times their wire bytes: the queue's bound weighs them so. Measured: the
+    memory freed when a stalled writer's queue drains is within the weight
+    the bound counted for it."""
+    import gc
+    import time
+    import tracemalloc
+
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    link = FakeLink()
+    sent: list[bytes] = []
+    take = link.send
+
+    def keep(message: bytes) -> bool:
+        sent.append(message)
+        return take(message)
+
+    link.send = keep  # type: ignore[method-assign]
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    world = run_workload(requests=200, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 1 << 30}
+    recorder = Recorder(spec, lambda message: None)
+    recorder.handle(sent[0])  # START
+    writer = recorder.recorder.writer  # type: ignore[union-attr]
+    held = threading.Event()
+    release = threading.Event()
+    encode = writer._encode
+
+    def stalled(item: Any) -> bytes:  # the writer thread, stuck on its disk
+        held.set()
+        release.wait(30.0)
+        return encode(item)
+
+    writer._encode = stalled  # type: ignore[method-assign]
+    recorder.handle(sent[1])
+    assert held.wait(10.0)
+    tracemalloc.start()
+    try:
+        for message in sent[2:-1]:
+            recorder.handle(message)
+        weighed = writer._bytes_in - writer._bytes_out
+        queued = writer.queue_len
+        full = tracemalloc.take_snapshot()
+        writer._encode = encode  # type: ignore[method-assign]
+        release.set()
+        deadline = time.monotonic() + 30.0
+        while writer.queue_len and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+        drained = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    freed = -sum(stat.size_diff for stat in drained.compare_to(full, "filename"))
+    assert queued > 50 and freed > 0
+    assert freed <= weighed, (freed, weighed)
+    recorder._end(len(world.applied), 0.0, None, None)
