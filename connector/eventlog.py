@@ -393,6 +393,15 @@ class EventLogWriter:
     def queue_len(self) -> int:
         return len(self._queue)
 
+    @property
+    def queued_bytes(self) -> int:
+        """What the queued items weigh (``item_bytes``; 0 without it)."""
+        return self._bytes_in - self._bytes_out
+
+    @property
+    def queue_max_bytes(self) -> int:
+        return self._queue_max_bytes
+
     def stats(self) -> dict[str, int]:
         return {
             "items_written": self._items_written,

@@ -37,8 +37,10 @@ Theory of operation
   or ``_ACK_BYTES``, with its counters about once a second; the engine's
   budget counts the unacknowledged bytes. What it took in waits in its
   writer's queue, bounded by the same budget in the bytes of the objects
-  queued (:func:`queued_bytes`), not their wire bytes: past it the writer
-  drops and counts events, and the log says GAP.
+  queued (:func:`queued_bytes`), not their wire bytes. While that queue is
+  half full it takes nothing more in: what the engine sends waits in the
+  socket, unacknowledged, within the engine's budget (past which the
+  engine counts an outage), rather than the writer dropping it.
 * SIGINT and SIGTERM are ignored: the engine's END, or its death, ends the
   log, so a Ctrl-C to vLLM's process group cannot cut the log short.
 """
@@ -91,6 +93,7 @@ _ACK_S = 0.01
 _ACK_BYTES = 256 * 1024
 _STATS_S = 1.0
 _POLL_MS = 100
+_BUSY_S = 0.005  # how long to leave the socket alone while the writer's queue is half full
 QUEUED_BYTES_PER_WIRE_BYTE: Final = 16  # see queued_bytes
 QUEUED_BYTES_PER_EVENT: Final = 256
 EXIT_FAILED: Final = 3  # it sent FAILED: it could not record, or refused the engine
@@ -305,6 +308,14 @@ class Recorder:
             register_atexit=False,
         )
 
+    @property
+    def writer_busy(self) -> bool:
+        """Whether its writer's queue holds half its bound or more: what the
+        engine sends then waits in the socket, unacknowledged, so the
+        engine's budget holds it rather than the writer dropping it."""
+        writer = self._writer
+        return writer is not None and 2 * writer.queued_bytes >= writer.queue_max_bytes
+
     def stats(self) -> dict[str, int]:
         recorder = self.recorder
         writer = self._writer
@@ -394,11 +405,14 @@ def cannot_record(directory: Path, error: OSError) -> tuple[str, str]:
                    f"{fix}; recording is tried again with backoff")
 
 
-def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: float) -> int:
+def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: float,
+                  *, until_full: bool = True) -> int:
     """Hand the messages waiting in ``socket`` to ``recorder`` until none is left,
-    the recorder is done or ``limit_bytes`` were taken; returns the bytes taken."""
+    the recorder is done, ``limit_bytes`` were taken or (``until_full``) its
+    writer's queue is half full; returns the bytes taken."""
     taken = 0
-    while not recorder.done and taken < limit_bytes:
+    while not recorder.done and taken < limit_bytes and not (
+            until_full and recorder.writer_busy):
         try:
             frames = socket.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
@@ -431,7 +445,9 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
     while not recorder.done:
-        if poller.poll(_POLL_MS):
+        if recorder.writer_busy:
+            time.sleep(_BUSY_S)  # what waits stays unacknowledged: the engine's budget holds it
+        elif poller.poll(_POLL_MS):
             taken += _take_waiting(socket, recorder, _ACK_BYTES - (taken - acked))
         now = time.monotonic()
         if taken != acked and not recorder.failed and (now >= next_ack or taken - acked >= _ACK_BYTES
@@ -442,7 +458,9 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
             if stats is not None:
                 next_stats = now + _STATS_S
         if not recorder.done and _parent_gone(parent):
-            _take_waiting(socket, recorder, math.inf)  # what the engine sent before it died
+            # What the engine sent before it died, whatever the writer's queue
+            # holds (past its bound the writer drops and counts, with a GAP).
+            _take_waiting(socket, recorder, math.inf, until_full=False)
             if not recorder.done:
                 recorder.vanish(f"the engine process {parent} exited without a clean "
                                 "shutdown")

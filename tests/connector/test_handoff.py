@@ -6,6 +6,7 @@ waits. The real recorder process is in ``test_recorder_process.py``."""
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -582,7 +583,6 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
     memory freed when a stalled writer's queue drains is within the weight
     the bound counted for it."""
     import gc
-    import time
     import tracemalloc
 
     from connector.recorder import Recorder
@@ -639,4 +639,63 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
     freed = -sum(stat.size_diff for stat in drained.compare_to(full, "filename"))
     assert queued > 50 and freed > 0
     assert freed <= weighed, (freed, weighed)
+    recorder._end(len(world.applied), 0.0, None, None)
+
+
+def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
+        tmp_path: Any) -> None:
+    """The writer stalled (a slow disk): once its queue is half full the
+    recorder takes nothing more from the socket, so what the engine sends
+    waits there unacknowledged (the engine's budget holds it) instead of
+    the writer dropping events."""
+    import zmq
+
+    from connector.recorder import Recorder, _take_waiting
+    from offload_fsm import Settings
+
+    link = FakeLink()
+    sent: list[bytes] = []
+    take = link.send
+
+    def keep(message: bytes) -> bool:
+        sent.append(message)
+        return take(message)
+
+    link.send = keep  # type: ignore[method-assign]
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    world = run_workload(requests=200, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 256 << 10}
+    recorder = Recorder(spec, lambda message: None)
+    recorder.handle(sent[0])
+    writer = recorder.recorder.writer  # type: ignore[union-attr]
+    release = threading.Event()
+    encode = writer._encode
+
+    def stalled(item: Any) -> bytes:
+        release.wait(30.0)
+        return encode(item)
+
+    writer._encode = stalled  # type: ignore[method-assign]
+    context = zmq.Context()
+    inbound, outbound = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        inbound.bind(f"ipc://{tmp_path}/in.sock")
+        outbound.connect(f"ipc://{tmp_path}/in.sock")
+        for message in sent[1:-1]:
+            outbound.send(message)
+        time.sleep(0.2)  # into the inbound socket
+        taken = _take_waiting(inbound, recorder, float("inf"))
+        assert 0 < taken < sum(len(m) for m in sent[1:-1])
+        assert recorder.writer_busy and writer.items_lost == 0
+    finally:
+        release.set()
+        writer._encode = encode  # type: ignore[method-assign]
+        inbound.close(linger=0)
+        outbound.close(linger=0)
+        context.term()
     recorder._end(len(world.applied), 0.0, None, None)

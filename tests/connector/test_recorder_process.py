@@ -32,6 +32,7 @@ from offload_fsm.log.framing import Record, scan
 from offload_fsm.log.records import VANISHED, Gap
 from offload_fsm.log.wire import unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB
 from offload_fsm.vocabulary.events import StepScheduled
 from replay.reader import run_files
 from replay.runner import replay
@@ -41,11 +42,14 @@ END_WAIT_S = 30.0  # a recorder just started on a loaded box is still importing 
 
 
 def spec(directory: Path, budget_bytes: int = 64 << 20) -> dict[str, Any]:
+    """The recorder's settings; its writer's queue gets the budget, at least
+    the floor the configuration keeps (the engine's side may get less here)."""
+    writer_bytes = max(budget_bytes, int(LOG_BUDGET_MIN_MIB * (1 << 20)))
     return {"directory": str(directory), "prefix": "run", "engine_index": 0, "world_size": 2,
             "header_config": Settings(offload=default_config()).to_wire(),
             "versions": {"package": "test", "vllm": "", "lmcache": ""},
             "max_file_bytes": 1 << 20, "max_total_bytes": 1 << 30,
-            "budget_bytes": budget_bytes, "digest_every": 200}
+            "budget_bytes": writer_bytes, "digest_every": 200}
 
 
 def handoff(directory: Path, warnings: list[str], budget_bytes: int = 64 << 20) -> Handoff:
