@@ -50,8 +50,8 @@ Contract towards the caller (the vLLM scheduler thread)
   deleted); every writer keeps the directory's total (all runs) within
   ``max_total_bytes`` less the files being written (held files do not
   count, so they never starve the closed ones). An existing directory open
-  to others is left as it is, with a warning. A file gone before its turn, or one this process may not
-  delete, is skipped (logged once per cause) and the pass goes on.
+  to others is left as it is, with a warning. A file gone before its turn,
+  or one this process may not delete, is skipped (logged once per cause) and the pass goes on.
 * With ``item_bytes``, the queue is bounded in bytes too
   (``queue_max_bytes``, each item weighing what ``item_bytes`` says).
 * A write, flush or fsync that has not returned after ``io_stall_s`` (a hung

@@ -450,8 +450,8 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
         elif poller.poll(_POLL_MS):
             taken += _take_waiting(socket, recorder, _ACK_BYTES - (taken - acked))
         now = time.monotonic()
-        if taken != acked and not recorder.failed and (now >= next_ack or taken - acked >= _ACK_BYTES
-                               or recorder.done):
+        if taken != acked and not recorder.failed and (
+                now >= next_ack or taken - acked >= _ACK_BYTES or recorder.done):
             stats = recorder.stats() if now >= next_stats or recorder.done else None
             _send(socket, packb((ACK, taken, stats)))
             acked, next_ack = taken, now + _ACK_S

@@ -137,7 +137,12 @@ def launcher(spec: Mapping[str, Any]) -> Callable[[], RecorderLink]:
     context: zmq.Context[Any] = zmq.Context(io_threads=1)
     spec = {**spec, "directory": os.path.abspath(spec["directory"])}
     runtimes: list[Path] = []
-    atexit.register(lambda: [shutil.rmtree(path, True) for path in runtimes])
+
+    def remove_runtimes() -> None:
+        for path in runtimes:
+            shutil.rmtree(path, True)
+
+    atexit.register(remove_runtimes)
     numbers = itertools.count()
 
     def runtime() -> Path:

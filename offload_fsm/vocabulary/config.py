@@ -22,7 +22,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
 ``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      loopback tcp:// or ipc://
 ``lmcache.mp.lazy_offload_log_pub_allow_remote`` ``false``       JSON boolean (any address)
-``lmcache.mp.lazy_offload_log_budget_mib``     ``64``            finite number >= 4 (a full snapshot)
+``lmcache.mp.lazy_offload_log_budget_mib``     ``64``            finite number >= 4 (snapshot)
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total

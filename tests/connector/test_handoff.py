@@ -5,6 +5,7 @@ waits. The real recorder process is in ``test_recorder_process.py``."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -13,7 +14,6 @@ from typing import Any
 import attrs
 import pytest
 
-from connector.handoff import _flush_when_idle as module_flush_when_idle
 from connector.handoff import (
     ACK,
     END,
@@ -25,6 +25,7 @@ from connector.handoff import (
     Handoff,
     state_summary,
 )
+from connector.handoff import _flush_when_idle as module_flush_when_idle
 from offload_fsm import drive, new_state
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb
@@ -375,7 +376,7 @@ def _simulated(handoff: Handoff, clock: Clock, minutes: float, tick_s: float = 0
     step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
                          reserve_blocks=0, free_blocks=100, window_block_ids=(),
                          reallocated=(), time_s=0.0)
-    for i in range(round(minutes * 60 / tick_s)):
+    for _ in range(round(minutes * 60 / tick_s)):
         clock.now += tick_s
         if each is not None:
             each()
@@ -515,6 +516,10 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
     assert handoff._frames and handoff._open_first is None
 
 
+def _unpacked_into(replies: list[Any], message: bytes) -> None:
+    replies.append(unpackb(message))
+
+
 def test_a_recorder_refuses_an_engine_of_another_protocol_once(
         tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """An upgrade installed under a running engine: the new recorder gets a
@@ -532,7 +537,7 @@ def test_a_recorder_refuses_an_engine_of_another_protocol_once(
     for start in [(START, 0, 0.0, 0, None, PROTOCOL + 1), (START, 0, 0.0, 0, None),
                   (START, 0, 0.0, 0, None)]:
         replies: list[Any] = []
-        recorder = Recorder(spec, lambda message: replies.append(unpackb(message)))
+        recorder = Recorder(spec, functools.partial(_unpacked_into, replies))
         with caplog.at_level("WARNING", logger="connector.recorder"):
             recorder.handle(packb(start))
         assert recorder.done and recorder.failed and recorder.recorder is None
