@@ -49,10 +49,11 @@ Contract towards the caller (vLLM's scheduler thread)
   cause, with the fix, until one starts. RESYNCs are answered with the same
   doubling; a snapshot too large for the budget warns once, naming the
   setting and the size it needs, and is tried again with that doubling.
-* :meth:`close` hands END to the recorder and returns at once. At the
-  interpreter's exit (:func:`atexit`) the engine waits at most
-  ``end_wait_s`` for the recorder to acknowledge END, so the END lands when
-  vLLM stops normally within its 5 s grace.
+* :meth:`close` hands END to the recorder and returns at once. On vLLM's
+  way out (its scheduler's shutdown, :meth:`finish`; and at the
+  interpreter's exit, :func:`atexit`, where there is one) the engine waits
+  at most ``end_wait_s`` for the recorder to acknowledge END, so the END
+  lands when vLLM stops normally within its 5 s grace.
 
 Messages (msgpack arrays; see ``connector.recorder`` for what each becomes):
 
@@ -207,6 +208,7 @@ class Handoff:
         end_wait_s: float = 2.0,
         register_atexit: bool = True,
         idle_flush: bool = True,
+        release: Callable[[], None] | None = None,
     ) -> None:
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes={budget_bytes!r}: expected an integer >= 1")
@@ -226,6 +228,7 @@ class Handoff:
         self._snapshot_backoff = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
         self._resynced_at = -float("inf")  # when the last resync's START went out
         self._end_wait_s = end_wait_s
+        self._release = release
         self.stats = HandoffStats()
         self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
         self._seq = 0
@@ -398,6 +401,22 @@ class Handoff:
             time.sleep(0.005)
         self._take_replies(link)
         return self._acked >= self._end_at
+
+    def finish(self) -> bool:
+        """At vLLM's shutdown, after :meth:`close`: :meth:`wait_for_end`, then
+        let the recorder go and ``release`` what its sockets used. vLLM's
+        engine core leaves through ``os._exit``, where :func:`atexit` handlers
+        never run: this is called on its way out instead
+        (``EventSourcedLMCacheMPConnector.shutdown``). Returns whether the
+        recorder acknowledged END."""
+        ended = self.wait_for_end()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        return ended
 
     # -- the idle flush (its own thread) ---------------------------------------
 

@@ -110,6 +110,7 @@ def _pool_hash(block_hash: Any) -> Any:
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
+        self._handoff: Handoff | None = None
         settings = check_vllm_config(vllm_config)
         config = settings.offload
         super().__init__(vllm_config, role, kv_cache_config)
@@ -118,7 +119,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
         engine_index = engine_index_of(vllm_config.parallel_config)
-        recorder = _make_handoff(settings, world_size, engine_index)
+        recorder = self._handoff = _make_handoff(settings, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -214,6 +215,18 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                                          request.block_hashes, _pool_hash)
         return result
 
+    def shutdown(self) -> Any:
+        """LMCache's shutdown (the manager hands END to the recorder), then at
+        most ``end_wait_s`` for the recorder to write it (``Handoff.finish``):
+        vLLM's engine core calls this on its way out and then leaves through
+        ``os._exit``, where no exit handler runs."""
+        try:
+            return super().shutdown()
+        finally:
+            handoff = getattr(self, "_handoff", None)
+            if handoff is not None:
+                handoff.finish()
+
     def reset_cache(self) -> Any:
         result = super().reset_cache()
         manager = getattr(self, "_lazy_offload_manager", None)
@@ -265,7 +278,9 @@ def _make_handoff(
         "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
         "budget_bytes": budget,
     }
-    return Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+    launch = launcher(spec)
+    return Handoff(launch, budget_bytes=budget, warn=_log.warning,
+                   release=getattr(launch, "remove", None))  # a test's stand-in has none
 
 
 def _check_writable(directory: str) -> None:

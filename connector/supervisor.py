@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import zmq
 
 from offload_fsm.log.wire import unpackb
 
-__all__ = ["RecorderLink", "launcher", "recorder_command", "recorder_environment"]
+__all__ = ["Launcher", "RecorderLink", "launcher", "recorder_command", "recorder_environment"]
 
 
 class RecorderLink:
@@ -127,39 +127,47 @@ def recorder_environment() -> dict[str, str]:
     return env
 
 
-def launcher(spec: Mapping[str, Any]) -> Callable[[], RecorderLink]:
-    """A function that starts one more recorder for ``spec`` (the recorder's
-    settings, ``connector.recorder``; its ``directory`` made absolute) each
-    time it is called. Its sockets live in a runtime directory of their own
-    (0700, under ``$XDG_RUNTIME_DIR`` when there is one); one removed under
-    a running engine (a logout, a tmp cleaner) is made again before the next
-    recorder starts, or a new one is made elsewhere."""
-    context: zmq.Context[Any] = zmq.Context(io_threads=1)
-    spec = {**spec, "directory": os.path.abspath(spec["directory"])}
-    runtimes: list[Path] = []
+class Launcher:
+    """Starts one more recorder for ``spec`` (the recorder's settings,
+    ``connector.recorder``; its ``directory`` made absolute) each time it is
+    called. Its sockets live in a runtime directory of its own (0700, under
+    ``$XDG_RUNTIME_DIR`` when there is one); one removed under a running
+    engine (a logout, a tmp cleaner) is made again before the next recorder
+    starts, or a new one is made elsewhere. :meth:`remove` removes it (at
+    vLLM's shutdown, and at the interpreter's exit)."""
 
-    def remove_runtimes() -> None:
-        for path in runtimes:
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self._context: zmq.Context[Any] = zmq.Context(io_threads=1)
+        self._spec = {**spec, "directory": os.path.abspath(spec["directory"])}
+        self._runtimes: list[Path] = []
+        self._numbers = itertools.count()
+        atexit.register(self.remove)
+
+    def __call__(self) -> RecorderLink:
+        return RecorderLink(self._context, self._runtime() / f"recorder-{next(self._numbers)}.sock",
+                            self._spec)
+
+    def remove(self) -> None:
+        """Remove the runtime directories (the recorders' sockets are bound
+        there: a running recorder keeps its connection)."""
+        for path in self._runtimes:
             shutil.rmtree(path, True)
 
-    atexit.register(remove_runtimes)
-    numbers = itertools.count()
-
-    def runtime() -> Path:
-        if runtimes:
+    def _runtime(self) -> Path:
+        if self._runtimes:
             try:
-                runtimes[-1].mkdir(mode=0o700, exist_ok=True)
-                return runtimes[-1]
+                self._runtimes[-1].mkdir(mode=0o700, exist_ok=True)
+                return self._runtimes[-1]
             except OSError:
                 pass  # its parent is gone too: a new one
         xdg = os.environ.get("XDG_RUNTIME_DIR", "")
         path = Path(tempfile.mkdtemp(prefix="lazy-offload-", dir=xdg if os.path.isdir(xdg)
                                      else None))
         path.chmod(0o700)
-        runtimes.append(path)
+        self._runtimes.append(path)
         return path
 
-    def launch() -> RecorderLink:
-        return RecorderLink(context, runtime() / f"recorder-{next(numbers)}.sock", spec)
 
-    return launch
+def launcher(spec: Mapping[str, Any]) -> Launcher:
+    """A :class:`Launcher` for ``spec``."""
+    return Launcher(spec)

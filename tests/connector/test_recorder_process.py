@@ -53,9 +53,11 @@ def spec(directory: Path, budget_bytes: int = 64 << 20) -> dict[str, Any]:
 
 
 def handoff(directory: Path, warnings: list[str], budget_bytes: int = 64 << 20) -> Handoff:
-    return Handoff(launcher(spec(directory, budget_bytes)), budget_bytes=budget_bytes,
+    launch = launcher(spec(directory, budget_bytes))
+    return Handoff(launch, budget_bytes=budget_bytes,
                    digest_every=200, warn=warnings.append, liveness_every_s=0.02,
-                   backoff_s=(0.05, 0.2), end_wait_s=END_WAIT_S, register_atexit=False)
+                   backoff_s=(0.05, 0.2), end_wait_s=END_WAIT_S, register_atexit=False,
+                   release=launch.remove)
 
 
 def _gap_events(directory: Path) -> int:
@@ -492,3 +494,18 @@ def test_a_peer_declaring_a_huge_subscription_is_cut_off(tmp_path: Path) -> None
         monitor.close(linger=0)
         pub.close(linger=0)
         context.term()
+
+
+def test_vllms_way_out_waits_for_end_and_removes_the_sockets_directory(
+        tmp_path: Path) -> None:
+    """vLLM's engine core leaves through ``os._exit`` (no exit handlers):
+    the connector's shutdown calls ``Handoff.finish``, which waits for the
+    recorder's END and removes the directory its sockets were in."""
+    h = handoff(tmp_path / "logs", [])
+    link: Any = h._link
+    world = run_workload(requests=20, seed=18, sink=h.record)
+    h.close(world.state)
+    assert h.finish()
+    assert not link.endpoint_path.parent.exists()
+    assert _wait_gone(link.pid)
+    assert replay(tmp_path / "logs").ended_cleanly
