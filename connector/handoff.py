@@ -14,7 +14,9 @@ Contract towards the caller (vLLM's scheduler thread)
   wire form with ``full_outcomes``) into msgpack bytes at once, so no event
   object outlives the callback. The callback that closes a batch
   (``log.layout.closes_batch``) sends the batch as one STEP message.
-* It never blocks on the recorder and never raises because of the log.
+* It never blocks on the recorder and never raises because of the log: a
+  failure of this code itself is an outage too (counted, one warning per
+  kind of error), so the log can never stop offload.
   Messages are handed to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its
   I/O thread moves them without the engine thread's GIL), several steps'
   together as one *frame*: every ``flush_every_s`` (10 ms) or
@@ -28,8 +30,10 @@ Contract towards the caller (vLLM's scheduler thread)
   (the messages' bytes not yet acknowledged by the recorder, wherever they
   are: the open frame, ZeroMQ's queues on either side, the socket between,
   plus :data:`FRAME_BYTES` for each frame's bookkeeping here and in ZeroMQ,
-  and an eighth of the open frame, its buffer's growth room)
-  never exceeds ``budget_bytes``. The recorder acknowledges a frame once it
+  and an eighth of the open frame, its buffer's growth room) never exceeds
+  ``budget_bytes``: one bookkeeping entry per frame, not per message, so
+  however small the steps (37 bytes, an empty step) the count holds; the
+  stats' ``bytes_in_flight`` is this count. The recorder acknowledges a frame once it
   has taken it in (handed its events to its writer's queue, which has a
   bound of its own: ``connector.recorder``). A message that does not fit,
   or any message while the recorder is dead or stalled, is dropped and its
