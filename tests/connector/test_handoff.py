@@ -6,6 +6,7 @@ waits. The real recorder process is in ``test_recorder_process.py``."""
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 import weakref
@@ -704,3 +705,21 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
         outbound.close(linger=0)
         context.term()
     recorder._end(len(world.applied), 0.0, None, None)
+
+
+def test_each_start_up_failure_names_its_cause_and_its_fix() -> None:
+    """The FAILED reply's cause (what repeats: one warning each) and text
+    (the directory, the OS's words, the fix) per kind of failure."""
+    import errno
+    from pathlib import Path
+
+    from connector.recorder import cannot_record
+
+    logs = Path("/var/log/lazy")
+    for code, fix in [(errno.EROFS, "remount it read-write"), (errno.ENOSPC, "free space"),
+                      (errno.EACCES, "give this user write access"),
+                      (errno.ENOTDIR, "make it a writable directory")]:
+        cause, text = cannot_record(logs, OSError(code, os.strerror(code)))
+        assert cause == errno.errorcode[code]
+        assert f"the log directory {logs} cannot be written ({os.strerror(code)})" in text
+        assert fix in text and "lmcache.mp.lazy_offload_log_" in text
