@@ -501,7 +501,7 @@ class Handoff:
     def _fits(self, size: int) -> bool:
         """Whether a message of ``size`` bytes keeps what is held within the budget."""
         opening = FRAME_BYTES if self._open_first is None else 0
-        return self.held_bytes + opening + size + size // 8 <= self._budget
+        return self.held_bytes + opening + _growth(size) <= self._budget
 
     def _send(self, link: Link, message: bytes, first_seq: int) -> bool:
         """Append ``message`` (its events from ``first_seq``) to the open frame;
@@ -635,8 +635,9 @@ class Handoff:
             self._outage(lost_from, f"the state snapshot failed ({error!r})")
             return
         if not self._fits(len(message)):
-            if len(message) + FRAME_BYTES > self._budget:
-                self._too_large(len(message) + FRAME_BYTES, lost_from, now)
+            needed = FRAME_BYTES + _growth(len(message))  # with nothing else held
+            if needed > self._budget:
+                self._too_large(needed, lost_from, now)
             return
         if not self._send(link, message, self._seq):
             return
@@ -685,6 +686,12 @@ class Handoff:
                    "events are counted and the log records them as a GAP when recording "
                    "resumes")
 
+
+
+def _growth(size: int) -> int:
+    """What a message of ``size`` bytes adds to the count: its bytes and an
+    eighth, the open frame's buffer's room to grow."""
+    return size + size // 8
 
 
 def _flush_when_idle(ref: weakref.ref[Handoff], period_s: float) -> None:
