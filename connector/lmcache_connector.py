@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
@@ -112,6 +113,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
         self._lazy_candidates = False  # our store-candidate path (connector.candidates)
+        self._handoff: Handoff | None = None
         settings = check_vllm_config(vllm_config)
         config = settings.offload
         super().__init__(vllm_config, role, kv_cache_config)
@@ -120,7 +122,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         strategy = self.scheduler_adapter.parallel_strategy
         world_size = int(strategy.vllm_world_size)
         engine_index = engine_index_of(vllm_config.parallel_config)
-        recorder = _make_handoff(settings, world_size, engine_index)
+        recorder = self._handoff = _make_handoff(settings, world_size, engine_index)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -261,6 +263,18 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                                          request.block_hashes, _pool_hash)
         return result
 
+    def shutdown(self) -> Any:
+        """LMCache's shutdown (the manager hands END to the recorder), then at
+        most ``end_wait_s`` for the recorder to write it (``Handoff.finish``):
+        vLLM's engine core calls this on its way out and then leaves through
+        ``os._exit``, where no exit handler runs."""
+        try:
+            return super().shutdown()
+        finally:
+            handoff = getattr(self, "_handoff", None)
+            if handoff is not None:
+                handoff.finish()
+
     def reset_cache(self) -> Any:
         result = super().reset_cache()
         manager = getattr(self, "_lazy_offload_manager", None)
@@ -312,13 +326,18 @@ def _make_handoff(
         "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
         "budget_bytes": budget,
     }
-    return Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+    launch = launcher(spec)
+    return Handoff(launch, budget_bytes=budget, warn=_log.warning,
+                   release=getattr(launch, "remove", None))  # a test's stand-in has none
 
 
 def _check_writable(directory: str) -> None:
-    """Raise :class:`OSError` unless ``directory`` can be created and written."""
+    """Raise :class:`OSError` unless ``directory`` can be created and written.
+    The probe file has a name of its own (pid and random bits, created
+    exclusively, never through a link), so a stale probe left by a process
+    killed before it removed it (the same pid again in a new container) is
+    no obstacle."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    probe = os.path.join(directory, f".probe-{os.getpid()}")
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, probe = tempfile.mkstemp(prefix=f".probe-{os.getpid()}-", dir=directory)
     os.close(fd)
     os.unlink(probe)

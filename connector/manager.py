@@ -419,6 +419,7 @@ class EventSourcedManager:
         if self._drain is None:
             self._guarded(self._feed, PrefixCacheReset())
 
+    @_hook(lambda: None)
     def on_lookup_result(
         self, request_id: str, hit_tokens: int, block_hashes: Sequence[Any],
         pool_hash: Callable[[Any], Any],
@@ -583,7 +584,10 @@ class EventSourcedManager:
             self._narrator.note(outcome)
         self._seq += len(applied)
         if record and self._recorder is not None and applied:
-            self._recorder.record(list(applied), self.state)
+            try:
+                self._recorder.record(list(applied), self.state)
+            except Exception as error:  # the log's failure, not offload's: never drain-only
+                self._hook_failed("record", error)
 
     def _execute(self, command: Command) -> Event | None:
         pool = self._pool

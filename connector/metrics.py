@@ -160,7 +160,8 @@ GAUGES: Final[dict[str, str]] = {
                                "process (it was dead, stalled or behind its byte budget); "
                                "the log records them as a GAP when recording resumes.",
     "log_handoff_bytes_in_flight": "Bytes handed to the recorder process and not yet "
-                                   "taken in (bounded by lazy_offload_log_budget_mib).",
+                                   "taken in, with their bookkeeping (bounded by "
+                                   "lazy_offload_log_budget_mib).",
     "log_recorder_restarts": "Times the recorder process was started again after it died.",
     "log_recorder_up": "1 while the recorder process runs and the log is in step with the "
                        "engine, else 0.",

@@ -78,6 +78,7 @@ def follow(
         socket = context.socket(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, PUB_TOPIC)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # records are 256 KiB at most (recording.py)
         socket.connect(endpoint)
         poller.register(socket, zmq.POLLIN)
         label = f"[{number}] " if len(listed) > 1 else ""
