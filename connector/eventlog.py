@@ -15,8 +15,8 @@ header carries whatever the caller needs to interpret the file (schema
 version, config, a state snapshot, ...), so each file is replayable on its
 own, without its predecessors.
 
-Contract towards the caller (the vLLM scheduler thread)
--------------------------------------------------------
+Contract towards the caller (the recorder process's main thread)
+----------------------------------------------------------------
 * :meth:`EventLogWriter.append` never blocks and never does I/O: it puts the
   opaque item on a bounded in-memory queue (``queue_max_items``).  Encoding,
   framing and writing happen on a daemon background thread.
