@@ -48,6 +48,7 @@ and 78,615 expanded ids).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import msgpack
@@ -179,3 +180,14 @@ class IdAllowance:
                              f"past what one record batch may expand to (at most "
                              f"{MAX_EXPANDED_IDS} in all, {self.left} left)")
         self.left -= steps
+
+
+def check_widths(kind: str, width: int, table: Iterable[Sequence[Any]]) -> None:
+    """Every record of a snapshot's ``kind`` table has ``width`` values,
+    checked before any object is made for it: a record is then at least as
+    big decoded as the object it becomes, so a table of empty records cannot
+    make objects out of nothing."""
+    odd = next((values for values in table if len(values) != width), None)
+    if odd is not None:
+        raise LogCorrupt(f"snapshot: a {kind} record has {len(odd)} values, expected {width} "
+                         "(checked before its table is built)")

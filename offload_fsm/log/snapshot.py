@@ -53,6 +53,7 @@ from typing import Any, Final
 
 import attrs
 
+from offload_fsm.log.bounds import check_widths
 from offload_fsm.log.snapshot_tables import (
     Decoding,
     Encoding,
@@ -384,20 +385,12 @@ def _from_wire(data: Any, config: OffloadConfig) -> State:
     for cls in _TOP:
         _RECORDS[cls].plan(recorded[cls.__name__])  # refuses unknown fields up front
     for cls, table in zip(_SHARED, rows, strict=True):
-        # Each record's width checked before any object is made for it: a
-        # record is then at least as big decoded as the object it becomes,
-        # so a table of empty records cannot make objects out of nothing.
-        width = len(recorded[cls.__name__])
-        odd = next((values for values in table if len(values) != width), None)
-        if odd is not None:
-            raise LogCorrupt(f"snapshot: a {cls.__name__} record has {len(odd)} values, "
-                             f"expected {width} (checked before its table is built)")
+        check_widths(cls.__name__, len(recorded[cls.__name__]), table)
     tables = {cls: [object.__new__(cls) for _ in table] for cls, table in
               zip(_SHARED, rows, strict=True)}
     decoding = Decoding(tables, version)
     for cls, table in zip(_SHARED, rows, strict=True):
-        record = _RECORDS[cls]
-        fields = recorded[cls.__name__]
+        record, fields = _RECORDS[cls], recorded[cls.__name__]
         for obj, values in zip(tables[cls], table, strict=True):
             record.fill(obj, values, fields, decoding)
     state: State = object.__new__(State)

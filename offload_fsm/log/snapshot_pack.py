@@ -28,7 +28,8 @@ from typing import Any, Final
 
 from offload_fsm.log import snapshot
 from offload_fsm.log.bounds import IdAllowance
-from offload_fsm.log.compact import Lists, refer, resolve, runs, unruns
+from offload_fsm.log.compact import refer, resolve
+from offload_fsm.log.runs import Lists, runs, unruns
 from offload_fsm.log.wire import pack_array_header, packb
 from offload_fsm.state import STORED_KEYS_MAX, State
 from offload_fsm.vocabulary.errors import LogCorrupt

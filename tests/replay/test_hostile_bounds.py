@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from offload_fsm.log import compact, snapshot_pack
+from offload_fsm.log import compact, runs, snapshot_pack
 from offload_fsm.log.bounds import MAX_BATCH_OBJECTS, MAX_POOL_BLOCKS
 from offload_fsm.log.compact import WireContext
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -74,6 +74,7 @@ def test_the_segment_tables_are_bounded_by_the_pool(monkeypatch: pytest.MonkeyPa
     """The hashes and lists a segment remembers per block id: more distinct
     ids than a pool holds is damage (a small ceiling here, to keep it fast)."""
     monkeypatch.setattr(compact, "MAX_POOL_BLOCKS", 100)
+    monkeypatch.setattr(runs, "MAX_POOL_BLOCKS", 100)
     step = (3, 1, 0, 0, 0, 0, (), tuple((block_id, block_id + 1000) for block_id in range(101)),
             0.0)
     with pytest.raises(LogCorrupt, match=r"hashes of 101 block ids, more than a block pool "
