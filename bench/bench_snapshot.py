@@ -2,9 +2,10 @@
 
     .venv/bin/python -m bench.bench_snapshot [--ops 5000] [--requests 500] [--repeat 5]
 
-The recorder takes a snapshot on the scheduler thread once per log rotation
-(every ``lmcache.mp.lazy_offload_log_max_file_mib``, 64 MiB by default):
-``codec.state_digest`` plus ``snapshot.to_wire``. Packing it to msgpack
+The recorder takes a snapshot once per log rotation (every
+``lmcache.mp.lazy_offload_log_max_file_mib``, 64 MiB by default), and the
+engine's hand-off one when it resumes after an outage:
+``digest.state_digest`` plus ``log.snapshot.to_wire``. Packing it to msgpack
 happens on the writer thread; ``from_wire`` only in ``replay``. This builds a
 large state (``--ops`` buffered ops over ``--requests`` running requests,
 nothing drained: a FIFO threshold nobody reaches, and an EVICTION_AWARE

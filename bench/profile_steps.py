@@ -13,7 +13,7 @@ eager,ours EA"`` puts the same LMCache code side by side), for the slowest
 each phase:
 
 * ``build_connector_meta`` (LMCache's, with ``offer`` and ``step`` inside);
-* ``offer``: ``add_store_candidate`` (fingerprints, ``CandidateOffered``);
+* ``offer``: ``offer_chunks`` (fingerprints, ``CandidateOffered``);
 * ``step``: ``StepScheduled`` (window read, reserve, the core's step), and
   inside it ``window read`` (every free-queue walk, cascade re-reads too),
   ``reserve``, ``reallocations``, ``allocated ids``, ``narrator``;
@@ -28,10 +28,11 @@ each phase:
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
 * ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
   ``update_connector_output``;
-* LMCache's own parts of ``build_connector_meta``, run by both arms:
-  ``lmc new requests``, ``lmc cached requests`` (each with ``offer`` inside
-  in ours), ``lmc GetStoreMetadata``, ``lmc allocation deltas``, and
-  ``lmc lookup`` (inside ours' ``lookup``);
+* LMCache's own parts of ``build_connector_meta``: ``lmc new requests``,
+  ``lmc cached requests`` and ``lmc GetStoreMetadata`` (eager only: ours takes
+  the lazy store-candidate path, ``candidates new requests`` and ``candidates
+  cached requests``, each with ``offer`` inside), ``lmc allocation deltas``
+  and ``lmc lookup`` (both arms; inside ours' ``lookup``);
 * ``gc``: the cyclic collector's pauses anywhere in the step (``gc.callbacks``;
   ``gc0`` / ``gc1`` / ``gc2`` by generation, ``gc2`` the full collections),
   which land inside whichever phase allocated when a collection came due;
@@ -180,7 +181,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     mgr = manager.EventSourcedManager
     for owner, name, phase in (
         (Connector, "build_connector_meta", "build_connector_meta"),
-        (mgr, "add_store_candidate", "offer"),
+        (mgr, "offer_chunks", "offer"),
         (mgr, "_step", "step"),
         (blocks, "free_queue_head", "window read"),
         (mgr, "_reserve_blocks", "reserve"),
@@ -201,6 +202,8 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
         (mgr, "on_request_finished", "finished"),
         (Connector, "update_connector_output", "update_connector_output"),
         (stock.LMCacheMPConnector, "_process_new_requests", "lmc new requests"),
+        (Connector, "_process_new_requests", "candidates new requests"),
+        (Connector, "_process_cached_requests", "candidates cached requests"),
         (stock.LMCacheMPConnector, "_process_cached_requests", "lmc cached requests"),
         (stock.LMCacheMPConnector, "_report_block_allocation_deltas", "lmc allocation deltas"),
         (stock.LMCacheMPConnector, "get_num_new_matched_tokens", "lmc lookup"),

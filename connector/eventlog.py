@@ -15,8 +15,8 @@ header carries whatever the caller needs to interpret the file (schema
 version, config, a state snapshot, ...), so each file is replayable on its
 own, without its predecessors.
 
-Contract towards the caller (the vLLM scheduler thread)
--------------------------------------------------------
+Contract towards the caller (the recorder process's main thread)
+----------------------------------------------------------------
 * :meth:`EventLogWriter.append` never blocks and never does I/O: it puts the
   opaque item on a bounded in-memory queue (``queue_max_items``).  Encoding,
   framing and writing happen on a daemon background thread.
@@ -45,10 +45,13 @@ Contract towards the caller (the vLLM scheduler thread)
   bound and the loss accounting are then approximate.
 * A shared directory (several engines, several ``vllm serve``): each writer
   holds its open file with an ``flock`` that dies with its descriptor, and
-  retention deletes only files no live writer holds; every writer keeps the
-  directory's total (all runs) within ``max_total_bytes`` less the files
-  being written. A file gone before its turn, or one this process may not
-  delete, is skipped (logged once per cause) and the pass goes on.
+  retention deletes only files no live writer holds (a file that cannot be
+  locked, on a file system without ``flock``, counts as held: never
+  deleted); every writer keeps the directory's total (all runs) within
+  ``max_total_bytes`` less the files being written (held files do not
+  count, so they never starve the closed ones). An existing directory open
+  to others is left as it is, with a warning. A file gone before its turn,
+  or one this process may not delete, is skipped (logged once per cause) and the pass goes on.
 * With ``item_bytes``, the queue is bounded in bytes too
   (``queue_max_bytes``, each item weighing what ``item_bytes`` says).
 * A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
@@ -390,6 +393,15 @@ class EventLogWriter:
     def queue_len(self) -> int:
         return len(self._queue)
 
+    @property
+    def queued_bytes(self) -> int:
+        """What the queued items weigh (``item_bytes``; 0 without it)."""
+        return self._bytes_in - self._bytes_out
+
+    @property
+    def queue_max_bytes(self) -> int:
+        return self._queue_max_bytes
+
     def stats(self) -> dict[str, int]:
         return {
             "items_written": self._items_written,
@@ -724,7 +736,7 @@ class EventLogWriter:
             header = frame(self._encode(self._make_header()))
             with contextlib.ExitStack() as cleanup:
                 f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=_private)
-                _hold(f)
+                self._held_by_us(f, path)
                 cleanup.callback(_discard, f, path)
                 for part in (header, gap, record):
                     if part is not None:
@@ -853,7 +865,7 @@ class EventLogWriter:
         # "x": never clobber an existing log; held while written (retention).
         self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192),
                            opener=_private)
-        _hold(self._file)
+        self._held_by_us(self._file, path)
         self._files.append(path)
         self._file_bytes = 0
         self._file_records = 0
@@ -861,14 +873,27 @@ class EventLogWriter:
 
     # ------------------------------------------------------------ retention
 
+    def _held_by_us(self, f: BinaryIO, path: Path) -> None:
+        """Hold the file being written (:func:`_hold`); say once when the file
+        system cannot lock it."""
+        error = _hold(f)
+        if error is not None:
+            self._retention_failed("not lockable", error,
+                                   f" (a file system without flock? {path} may be deleted "
+                                   "by another writer's retention; this writer deletes no "
+                                   "file it cannot lock)")
+
     def _enforce_retention(self) -> None:
         """Delete the directory's oldest log files (any run, any process, by
-        modification time) until the total is within ``max_total_bytes``.
-        Never a file a live writer holds (its lock, :func:`_held`), so never
-        this writer's own; a file another process deleted first, or one this
-        process may not delete, is skipped (logged once per cause) and the
-        pass goes on. Every process writing to the directory runs the same
-        pass, so the bound holds across them, less the files being written."""
+        modification time) until the files no live writer holds (its lock,
+        :func:`_held`; a file that cannot be locked counts as held), with this
+        writer's own open file, are within ``max_total_bytes``. Held files
+        do not count: however large they are, the closed files keep the
+        whole bound, rather than every closed file being deleted. A file
+        another process deleted first, or one this process may not delete,
+        is skipped (logged once per cause) and the pass goes on. Every process
+        writing to the directory runs the same pass, so the bound holds
+        across them, less the files being written."""
         bound = self._max_total_bytes
         if bound is None:
             return
@@ -896,8 +921,23 @@ class EventLogWriter:
                 continue
             entries.append((info.st_mtime_ns, file_sort_key(name), path, info.st_size))
             total += info.st_size
+        if total <= bound:
+            return
         entries.sort()
-        for _, _, path, size in entries:
+        closed = []
+        for entry in entries:  # only now, past the bound: one open and lock each
+            try:
+                held = _held(entry[2])
+            except FileNotFoundError:
+                held = True  # gone: nothing to count or delete
+            except OSError as exc:  # cannot be locked: held
+                self._retention_failed("not lockable", exc)
+                held = True
+            if held:
+                total -= entry[3]
+            else:
+                closed.append(entry)
+        for _, _, path, size in closed:
             if total <= bound:
                 break
             try:
@@ -905,6 +945,9 @@ class EventLogWriter:
             except FileNotFoundError as exc:  # another writer deleted it first
                 self._retention_failed("vanished", exc)
                 total -= size
+                continue
+            except _Unlockable as exc:
+                self._retention_failed("not lockable", exc)
                 continue
             except OSError as exc:  # not ours to delete (permissions), say
                 self._retention_failed("not deletable", exc)
@@ -914,10 +957,10 @@ class EventLogWriter:
                 self._files_deleted += 1
                 self._bytes_deleted += size
 
-    def _retention_failed(self, cause: str, exc: OSError) -> None:
+    def _retention_failed(self, cause: str, exc: OSError, more: str = "") -> None:
         if cause not in self._retention_warned:
             self._retention_warned.add(cause)
-            self._warn(f"event log: retention in {self._dir}: a file {cause} ({exc!r}); "
+            self._warn(f"event log: retention in {self._dir}: a file {cause} ({exc!r}){more}; "
                        "skipped, the pass goes on (logged once per cause)")
 
 
@@ -925,24 +968,52 @@ _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twi
 _open = open  # the writer's only way to open files (tests replace it to inject failures)
 
 
-def _hold(f: BinaryIO) -> None:
+def _hold(f: BinaryIO) -> OSError | None:
     """Hold ``f`` against deletion by any writer's retention (an exclusive
     ``flock``, which dies with the file's descriptor: when the file is closed,
-    or its process dies)."""
-    with contextlib.suppress(OSError, AttributeError, ValueError):
+    or its process dies). Returns the error when the file system refused the
+    lock (NFS without locks, some FUSE file systems)."""
+    try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        return error
+    return None
+
+
+class _Unlockable(OSError):
+    """``flock`` failed on a file (not because another holds it): retention
+    treats it as held, since a writer on such a file system cannot hold it."""
+
+
+def _held(path: Path) -> bool:
+    """Whether a live writer holds ``path`` (:func:`_hold`); a file that
+    cannot be locked counts as held (:class:`_Unlockable` is raised)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError as error:
+            raise _Unlockable(error.errno, f"cannot lock {path}: {error.strerror}") from error
+        return False
+    finally:
+        os.close(fd)
 
 
 def _delete_unless_held(path: Path) -> bool:
     """Delete ``path`` unless a live writer holds it (:func:`_hold`); whether
     it did. The check and the deletion happen under the lock, so a writer
-    cannot take the file in between."""
+    cannot take the file in between. A file that cannot be locked is never
+    deleted (:class:`_Unlockable`)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        except OSError as error:
+            raise _Unlockable(error.errno, f"cannot lock {path}: {error.strerror}") from error
         path.unlink()
         return True
     finally:
@@ -955,17 +1026,16 @@ def _private(path: str, flags: int) -> int:
 
 
 def private_directory(directory: Path, warn: Callable[[str], None]) -> None:
-    """Create ``directory`` for its owner alone (0700), or take the group's
-    and others' access away from an existing one, keeping a stricter mode; a
-    directory whose mode cannot be changed is used as it is, with a warning."""
+    """Create ``directory`` for its owner alone (0700). An existing one open
+    to others is left as it is (a directory shared on purpose keeps its
+    group's access and setgid bit), with a warning: the files in it are the
+    owner's alone (0600), but others may see their names and sizes."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = stat.S_IMODE(directory.stat().st_mode)
     if mode & 0o077:
-        try:
-            directory.chmod(mode & 0o700)
-        except OSError as error:
-            warn(f"event log: {directory} is open to others (mode {mode:o}) and its mode "
-                 f"cannot be changed ({error}); a log names requests and their timing")
+        warn(f"event log: {directory} is open to others (mode {mode:o}); it is left as it "
+             "is, the log files in it are 0600 (their names and sizes show); use a 0700 "
+             "directory to keep a log's existence private")
 
 
 def _discard(f: BinaryIO, path: Path) -> None:

@@ -14,33 +14,59 @@ Contract towards the caller (vLLM's scheduler thread)
   wire form with ``full_outcomes``) into msgpack bytes at once, so no event
   object outlives the callback. The callback that closes a batch
   (``log.layout.closes_batch``) sends the batch as one STEP message.
-* It never blocks and never raises because of the log. Messages are handed
-  to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its I/O thread moves them
-  without the engine thread's GIL), several steps' together: every
-  ``flush_every_s`` (10 ms) or 64 KiB, and at once for START, REJECT and
-  END. The recorder's replies are read, and its process watched, at the
-  same pace. So an engine killed outright loses at most that much more.
-* Bounded in bytes: the bytes sent and not yet acknowledged by the recorder
-  (held by ZeroMQ on either side and by the recorder's writer queue) never
-  exceed ``budget_bytes``. A message that does not fit, or any message while
-  the recorder is dead or stalled, is dropped and its events counted: an
-  *outage*. One warning per outage, and the counters (:attr:`stats`).
+* It never blocks on the recorder and never raises because of the log: a
+  failure of this code itself is an outage too (counted, one warning per
+  kind of error), so the log can never stop offload.
+  Messages are handed to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its
+  I/O thread moves them without the engine thread's GIL), several steps'
+  together as one *frame*: every ``flush_every_s`` (10 ms) or
+  :data:`COALESCE_BYTES`, and at once for START, REJECT and END. A daemon
+  thread hands over a frame left open longer than ``flush_every_s`` (an
+  engine gone idle after a step), so an engine killed outright loses at most
+  that much more. That thread and the scheduler thread share one lock; the
+  thread takes it only when it is free and holds it for one non-blocking
+  send, which is all the scheduler thread can ever wait for.
+* Bounded in bytes, bookkeeping included: what this side holds for the log
+  (the messages' bytes not yet acknowledged by the recorder, wherever they
+  are: the open frame, ZeroMQ's queues on either side, the socket between,
+  plus :data:`FRAME_BYTES` for each frame's bookkeeping here and in ZeroMQ,
+  and an eighth of the open frame, its buffer's growth room) never exceeds
+  ``budget_bytes``: one bookkeeping entry per frame, not per message, so
+  however small the steps (37 bytes, an empty step) the count holds; the
+  stats' ``bytes_in_flight`` is this count. The recorder acknowledges a frame once it
+  has taken it in (handed its events to its writer's queue, which has a
+  bound of its own: ``connector.recorder``). A message that does not fit,
+  or any message while the recorder is dead or stalled, is dropped and its
+  events counted: an *outage*. One warning per outage (one per cause while
+  the recorder keeps failing the same way), and the counters (:attr:`stats`).
 * When the recorder is back (acknowledging again, or restarted after it
-  died, with backoff), the next batch boundary ends the outage: a RESUME
+  died, with backoff), the next batch boundary ends the outage: a START
   message with the number of events lost since the first one the recorder
   never acknowledged and a snapshot of the live state, from which the
   recorder restarts its fold; its log says GAP, then the snapshot.
-* :meth:`close` hands END to the recorder and returns at once. At the
-  interpreter's exit (:func:`atexit`) the engine waits at most
-  ``end_wait_s`` for the recorder to acknowledge END, so the END lands when
-  vLLM stops normally within its 5 s grace.
+* Backoff that holds: a recorder that dies, or cannot be started, is
+  started again after ``backoff_s[0]``, doubling up to ``backoff_s[1]``; the
+  delay returns to its minimum only once a recorder acknowledged its START
+  (a recorder that dies on every START is not a storm). A recorder that
+  reports why it could not start (a FAILED reply: the log directory cannot be
+  written, a protocol version it does not speak) is warned about once per
+  cause, with the fix, until one starts. RESYNCs are answered with the same
+  doubling; a snapshot too large for the budget warns once, naming the
+  setting and the size it needs, and is tried again with that doubling.
+* :meth:`close` hands END to the recorder and returns at once. On vLLM's
+  way out (its scheduler's shutdown, :meth:`finish`; and at the
+  interpreter's exit, :func:`atexit`, where there is one) the engine waits
+  at most ``end_wait_s`` for the recorder to acknowledge END, so the END
+  lands when vLLM stops normally within its 5 s grace.
 
 Messages (msgpack arrays; see ``connector.recorder`` for what each becomes):
 
 ======  =====================================================================
 kind    fields
 ======  =====================================================================
-START   ``seq, wall_s, lost_events, snapshot`` (None: a fresh state at seq 0)
+START   ``seq, wall_s, lost_events, snapshot, protocol`` (``snapshot`` None:
+        a fresh state at seq 0; ``protocol``: :data:`PROTOCOL`, which the
+        recorder must speak or refuse)
 STEP    ``seq, wall_s, summary, callbacks``: each callback a flat list
         ``[event_wire, recorded, ...]``; ``summary`` (``state_summary``)
         where a digest is due, else None
@@ -52,15 +78,20 @@ END     ``seq, wall_s, summary, lost_from``: ``summary`` None when the state
 ======  =====================================================================
 
 The recorder answers ACK ``(ACK, bytes_total, stats)`` (what it has taken
-in, in bytes, and about once a second its writer's counters) and, when its
-fold disagreed with a recorded outcome, RESYNC: the next batch boundary
-sends a START with a snapshot of the live state.
+in, in bytes, and about once a second its writer's counters); RESYNC when
+its fold disagreed with a recorded outcome (a later batch boundary sends a
+START with a snapshot of the live state); FAILED ``(FAILED, cause, text)``
+just before it exits because it cannot record (``text`` says why and the
+fix; ``cause`` is what repeats).
 """
 
 from __future__ import annotations
 
 import atexit
+import math
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
@@ -71,11 +102,13 @@ from offload_fsm.log import snapshot
 from offload_fsm.log.layout import closes_batch, first_digest_seq, next_digest_seq
 from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, pack_array_header, packb
 from offload_fsm.state import State
+from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB, PREFIX
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = ["ACK", "END", "REJECT", "RESYNC", "START", "STEP", "Handoff", "HandoffStats",
-           "Link", "state_summary"]
+__all__ = ["ACK", "BUDGET_KEY", "COALESCE_BYTES", "END", "FAILED", "FRAME_BYTES", "PROTOCOL",
+           "REJECT", "RESYNC", "START", "STEP", "Handoff", "HandoffStats", "Link",
+           "state_summary"]
 
 START: Final = 1
 STEP: Final = 2
@@ -83,6 +116,15 @@ REJECT: Final = 3
 END: Final = 4
 ACK: Final = 1
 RESYNC: Final = 2
+FAILED: Final = 3
+PROTOCOL: Final = 2  # the messages above; START carries it, the recorder refuses another
+COALESCE_BYTES: Final = 64 * 1024  # an open frame is handed over at this size
+# What one frame's bookkeeping is charged against the budget: this side's
+# entry for it (a tuple of two ints in a deque: about 130 bytes) and
+# ZeroMQ's (a 64-byte message slot in its pipe and the allocation's header).
+FRAME_BYTES: Final = 512
+BUDGET_KEY: Final = f"{PREFIX}_log_budget_mib"
+_MIB = 1024 * 1024
 
 
 def state_summary(state: State) -> tuple[Any, ...]:
@@ -99,12 +141,12 @@ class Link(Protocol):
     """One recorder process and the socket to it (``connector.supervisor``)."""
 
     def send(self, message: bytes) -> bool:
-        """Take ``message``; it may wait for :meth:`flush` (or a batch's
-        worth of others). False if it could not be taken."""
+        """Append ``message`` to the open frame (nothing reaches ZeroMQ before
+        :meth:`flush`). False if it could not be taken."""
 
     def flush(self) -> bool:
-        """Hand what :meth:`send` took to ZeroMQ without blocking; False if
-        it could not be (those messages are lost)."""
+        """Hand the open frame to ZeroMQ as one message, without blocking;
+        False if it could not be (its messages are lost)."""
 
     def replies(self) -> list[tuple[Any, ...]]:
         """The recorder's messages that arrived, without blocking."""
@@ -123,13 +165,36 @@ class HandoffStats:
     events_lost: int = 0  # numbered but never confirmed in the recorder's hands
     outages: int = 0
     recorder_restarts: int = 0
-    bytes_in_flight: int = 0
+    bytes_in_flight: int = 0  # held against the budget: unacknowledged bytes and bookkeeping
     bytes_in_flight_max: int = 0
+
+
+@attrs.define(kw_only=True)
+class _Backoff:
+    """A delay that doubles from ``min_s`` up to ``max_s`` each time it is
+    taken, and is due again ``delay_s`` after that."""
+
+    min_s: float
+    max_s: float
+    delay_s: float = attrs.field(default=attrs.Factory(lambda self: self.min_s,
+                                                       takes_self=True))
+    due_at: float = 0.0
+
+    def take(self, now: float) -> float:
+        """Wait the current delay from ``now`` (returned), double the next."""
+        delay = self.delay_s
+        self.due_at = now + delay
+        self.delay_s = min(delay * 2, self.max_s)
+        return delay
+
+    def reset(self) -> None:
+        self.delay_s = self.min_s
 
 
 class Handoff:
     """See the module docstring. ``launch`` starts a recorder and returns its
-    link (it raises when it cannot); ``clock`` is monotonic seconds."""
+    link (it raises when it cannot); ``clock`` is monotonic seconds;
+    ``idle_flush`` starts the thread that hands over a frame left open."""
 
     def __init__(
         self,
@@ -146,6 +211,8 @@ class Handoff:
         backoff_s: tuple[float, float] = (1.0, 60.0),
         end_wait_s: float = 2.0,
         register_atexit: bool = True,
+        idle_flush: bool = True,
+        release: Callable[[], None] | None = None,
     ) -> None:
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes={budget_bytes!r}: expected an integer >= 1")
@@ -160,36 +227,53 @@ class Handoff:
         self._liveness_every_s = liveness_every_s
         self._flush_every_s = flush_every_s
         self._next_flush = 0.0
-        self._backoff_min_s, self._backoff_max_s = backoff_s
-        self._backoff_s = self._backoff_min_s
+        self._restart = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._resync_backoff = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._snapshot_backoff = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._resynced_at = -float("inf")  # when the last resync's START went out
         self._end_wait_s = end_wait_s
+        self._release = release
         self.stats = HandoffStats()
         self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
         self._seq = 0
         self._batch: list[bytes] = []  # packed callbacks of the open batch
         self._batch_events = 0
         self._batch_seq = 0
-        # The link: bytes handed over and acknowledged, and for each message
-        # not yet acknowledged, the byte total after it and its first seq.
+        # The link: bytes handed over, handed to ZeroMQ and acknowledged; for
+        # each frame handed to ZeroMQ and not yet acknowledged, the byte total
+        # after it and its first seq; the open frame's first seq.
         self._link: Link | None = None
         self._sent = 0
+        self._flushed = 0
         self._acked = 0
-        self._unacked: deque[tuple[int, int]] = deque()
+        self._frames: deque[tuple[int, int]] = deque()
+        self._open_first: int | None = None
+        self._last_flush = 0.0
+        self._start_at: int | None = None  # the byte total that acknowledges a START
         self._lost_from: int | None = None  # in an outage since this seq
         self._resync = False
         self._resume_at = 0.0
-        self._restart_at = 0.0
         self._next_liveness = 0.0
+        self._failure: tuple[str, str] | None = None  # the last FAILED reply
+        self._warned_causes: set[str] = set()
+        self._bugs_warned: set[str] = set()  # the kinds of error _failed warned about
+        self._warned_snapshot = False
         self._closed = False
         self._end_at: int | None = None  # the byte total that acknowledges END
+        self._lock = threading.Lock()
         now = self._clock()
         link = self._try_launch(now, first=True)
-        if link is not None and not self._send(link, packb((START, 0, self._wall(), 0, None))):
-            self._outage(0, "the recorder did not take its start")
-        elif link is not None:
-            self._flush(link)
+        if link is not None:
+            if self._send(link, packb((START, 0, self._wall(), 0, None, PROTOCOL)), 0):
+                self._start_at = self._sent
+                self._flush(link)
+            else:
+                self._outage(0, "the recorder did not take its start")
         if register_atexit:
             atexit.register(self.wait_for_end)
+        if idle_flush:
+            threading.Thread(target=_flush_when_idle, args=(weakref.ref(self), flush_every_s),
+                             name="lazy-offload-handoff-flush", daemon=True).start()
 
     @property
     def recorder_up(self) -> bool:
@@ -202,21 +286,35 @@ class Handoff:
         open_ = self._seq - self._lost_from if self._lost_from is not None else 0
         return self.stats.events_lost + open_
 
+    @property
+    def held_bytes(self) -> int:
+        """What counts against the budget now (see the module docstring)."""
+        held = self._sent - self._acked + len(self._frames) * FRAME_BYTES
+        if self._open_first is not None:  # its buffer: over-allocated by an eighth at most
+            held += FRAME_BYTES + (self._sent - self._flushed) // 8
+        return held
+
     # -- the scheduler thread's calls ----------------------------------------
 
     def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
         """Number and pack one callback's applied events (see the module docstring)."""
         if self._closed or not applied:
             return
-        self._batch.append(self._pack(applied))
-        self._seq += len(applied)
-        self._batch_events += len(applied)
-        if closes_batch(applied, self._batch_events):
-            summary = None
-            if self._seq >= self._next_digest > 0:
-                self._next_digest = next_digest_seq(self._seq, self._digest_every, state)
-                summary = state_summary(state)
-            self._send_batch(summary, state)
+        with self._lock:
+            first = self._seq
+            try:
+                self._batch.append(self._pack(applied))
+                self._seq += len(applied)
+                self._batch_events += len(applied)
+                if closes_batch(applied, self._batch_events):
+                    summary = None
+                    if self._seq >= self._next_digest > 0:
+                        self._next_digest = next_digest_seq(self._seq, self._digest_every,
+                                                            state)
+                        summary = state_summary(state)
+                    self._send_batch(summary, state)
+            except Exception as error:
+                self._failed(error, first + len(applied))
 
     def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
                         reason: str, state: State) -> None:
@@ -224,23 +322,36 @@ class Handoff:
         rejected with ``reason`` under the next ``seq``."""
         if self._closed:
             return
-        # The open batch, before this callback; no START now: ``state`` is
-        # already past the rejected event.
-        self._send_batch(None, state, service=False)
-        first = self._seq
-        message = packb((REJECT, first, self._wall(), self._pack(applied),
-                         TO_WIRE[type(event)](event), reason))
-        self._seq += len(applied) + 1
-        self._batch_seq = self._seq
-        self._hand(message, first)
-        if self._link is not None:
-            self._flush(self._link)
+        with self._lock:
+            end = self._seq + len(applied) + 1
+            try:
+                # The open batch, before this callback; no START now: ``state``
+                # is already past the rejected event.
+                self._send_batch(None, state, service=False)
+                first = self._seq
+                message = packb((REJECT, first, self._wall(), self._pack(applied),
+                                 TO_WIRE[type(event)](event), reason))
+                self._seq += len(applied) + 1
+                self._batch_seq = self._seq
+                self._hand(message, first)
+                if self._link is not None:
+                    self._flush(self._link)
+            except Exception as error:
+                self._failed(error, end)
 
     def close(self, state: State | None) -> None:
         """Hand END over (with a summary for the final digest when ``state``
         is given and open) and return at once; see :meth:`wait_for_end`."""
         if self._closed:
             return
+        with self._lock:
+            try:
+                self._close(state)
+            except Exception as error:
+                self._closed = True
+                self._failed(error, self._seq)
+
+    def _close(self, state: State | None) -> None:
         if state is not None:
             self._send_batch(None, state)
             self._service(state)
@@ -254,9 +365,31 @@ class Handoff:
             self._lost_from = None
         summary = state_summary(state) if state is not None and lost_from is None else None
         message = packb((END, self._seq, self._wall(), summary, lost_from))
-        if link is not None and self._send(link, message):
+        if link is not None and self._send(link, message, self._seq):
             self._end_at = self._sent
             self._flush(link)
+
+    def _failed(self, error: Exception, end_seq: int) -> None:
+        """A failure of this code (a bug), not the recorder's: the events of
+        the open batch and the call fall into an outage, as a lost message's
+        do (the next batch boundary tries to resume); serving, and offload,
+        go on. Warned once per kind of error."""
+        first = min(self._batch_seq, self._seq)
+        self._seq = max(self._seq, end_seq)
+        self._batch = []
+        self._batch_events = 0
+        self._batch_seq = self._seq
+        if self._lost_from is None:
+            self._lost_from = first
+            self.stats.outages += 1
+        else:
+            self._lost_from = min(self._lost_from, first)
+        kind = type(error).__name__
+        if kind not in self._bugs_warned:
+            self._bugs_warned.add(kind)
+            self._warn(f"event log: the hand-off failed ({error!r}); serving and offload "
+                       "continue, the events are counted and the log records them as a GAP "
+                       "when recording resumes")
 
     def wait_for_end(self) -> bool:
         """At the engine's exit: wait at most ``end_wait_s`` for the recorder
@@ -272,6 +405,37 @@ class Handoff:
             time.sleep(0.005)
         self._take_replies(link)
         return self._acked >= self._end_at
+
+    def finish(self) -> bool:
+        """At vLLM's shutdown, after :meth:`close`: :meth:`wait_for_end`, then
+        let the recorder go and ``release`` what its sockets used. vLLM's
+        engine core leaves through ``os._exit``, where :func:`atexit` handlers
+        never run: this is called on its way out instead
+        (``EventSourcedLMCacheMPConnector.shutdown``). Returns whether the
+        recorder acknowledged END."""
+        ended = self.wait_for_end()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        return ended
+
+    # -- the idle flush (its own thread) ---------------------------------------
+
+    def flush_if_idle(self) -> None:
+        """Hand over a frame left open for ``flush_every_s`` or more; never
+        waits for the scheduler thread (it skips a turn instead)."""
+        if self._open_first is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            link = self._link
+            if (link is not None and self._open_first is not None
+                    and self._clock() - self._last_flush >= self._flush_every_s):
+                self._flush(link)
+        finally:
+            self._lock.release()
 
     # -- internals -----------------------------------------------------------
 
@@ -327,31 +491,52 @@ class Handoff:
         if link is None or self._lost_from is not None:
             self._outage(first_seq, "")
             return
-        if self._sent - self._acked + len(message) > self._budget:
+        if not self._fits(len(message)):
             self._outage(first_seq, "the recorder is not keeping up: the hand-off budget "
                          f"({self._budget} bytes) is full")
             return
-        if not self._send(link, message):
+        if not self._send(link, message, first_seq):
             self._outage(first_seq, "the recorder's socket refused a message")
-            return
-        self._unacked.append((self._sent, first_seq))
 
-    def _flush(self, link: Link) -> None:
-        """Hand the messages the link holds to ZeroMQ; if it refuses, their
-        events fall into an outage."""
-        if not link.flush():
-            first = self._unacked[0][1] if self._unacked else self._batch_seq
-            self._outage(first, "the recorder's socket refused a message")
+    def _fits(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes keeps what is held within the budget."""
+        opening = FRAME_BYTES if self._open_first is None else 0
+        return self.held_bytes + opening + _growth(size) <= self._budget
 
-    def _send(self, link: Link, message: bytes) -> bool:
+    def _send(self, link: Link, message: bytes, first_seq: int) -> bool:
+        """Append ``message`` (its events from ``first_seq``) to the open frame;
+        hand the frame over once it reaches :data:`COALESCE_BYTES`."""
         if not link.send(message):
             return False
         self._sent += len(message)
-        stats = self.stats
-        stats.bytes_in_flight = in_flight = self._sent - self._acked
-        if in_flight > stats.bytes_in_flight_max:
-            stats.bytes_in_flight_max = in_flight
+        if self._open_first is None:
+            self._open_first = first_seq
+        self._note_held()
+        if self._sent - self._flushed >= COALESCE_BYTES:
+            self._flush(link)
         return True
+
+    def _note_held(self) -> None:
+        stats = self.stats
+        stats.bytes_in_flight = held = self.held_bytes
+        if held > stats.bytes_in_flight_max:
+            stats.bytes_in_flight_max = held
+
+    def _flush(self, link: Link) -> None:
+        """Hand the open frame to ZeroMQ; if it refuses, the frame's events
+        fall into an outage (and its bytes, never sent, out of the count)."""
+        first = self._open_first
+        if first is None:
+            return
+        self._open_first = None
+        self._last_flush = self._clock()
+        if link.flush():
+            self._frames.append((self._sent, first))
+            self._flushed = self._sent
+            return
+        self._sent = self._flushed
+        self._note_held()
+        self._outage(first, "the recorder's socket refused a message")
 
     def _service(self, state: State) -> Link | None:
         """Read the recorder's replies, watch its process, restart it when
@@ -366,7 +551,7 @@ class Handoff:
                 if code is not None:
                     self._died(link, code, now)
                     link = None
-        if link is None and now >= self._restart_at and not self._closed:
+        if link is None and now >= self._restart.due_at and not self._closed:
             link = self._try_launch(now, first=False)
         if link is not None and self._lost_from is not None:
             self._resume(link, state)
@@ -380,81 +565,142 @@ class Handoff:
                     self.recorder_stats = dict(reply[2])
             elif reply[0] == RESYNC:
                 self._resync = True
-        unacked = self._unacked
-        while unacked and unacked[0][0] <= self._acked:
-            unacked.popleft()
-        self.stats.bytes_in_flight = self._sent - self._acked
+                if self._clock() - self._resynced_at > self._resync_backoff.max_s:
+                    self._resync_backoff.reset()  # the last mismatch is long past
+            elif reply[0] == FAILED and len(reply) > 2:
+                self._failure = (str(reply[1]), str(reply[2]))
+                self._start_at = None  # that START was refused: the recorder is not up
+        frames = self._frames
+        acked = self._acked
+        while frames and frames[0][0] <= acked:
+            frames.popleft()
+        if self._start_at is not None and acked >= self._start_at:
+            # A recorder took its START in: it is up; the next failure is news.
+            self._start_at = None
+            self._restart.reset()
+            self._warned_causes.clear()
+        self._note_held()
 
     def _died(self, link: Link, code: int, now: float) -> None:
-        first = self._unacked[0][1] if self._unacked else self._batch_seq
-        self._outage(first, f"the recorder process exited (code {code}); restarting it "
-                     f"in {self._backoff_s:g} s")
+        self._take_replies(link)  # a FAILED sent just before it exited
+        first = self._frames[0][1] if self._frames else (
+            self._open_first if self._open_first is not None else self._batch_seq)
+        delay = self._restart.take(now)
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            cause, why = failure[0], f"the recorder cannot record: {failure[1]}"
+        else:
+            cause, why = f"exit {code}", f"the recorder process exited (code {code})"
+        self._outage(first, f"{why}; starting it again in {delay:g} s", cause=cause)
         link.close()
         self._link = None
-        self._restart_at = now + self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+        self._start_at = None
 
     def _try_launch(self, now: float, *, first: bool) -> Link | None:
         try:
             link = self._launch()
         except Exception as error:  # never let the log hurt the engine
+            delay = self._restart.take(now)
             self._outage(self._batch_seq, f"the recorder could not start ({error!r}); "
-                         f"trying again in {self._backoff_s:g} s")
-            self._restart_at = now + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+                         f"trying again in {delay:g} s", cause=f"launch {error!r}")
             return None
         self._link = link
-        self._sent = self._acked = 0
-        self._unacked.clear()
+        self._sent = self._flushed = self._acked = 0
+        self._frames.clear()
+        self._open_first = None
         self._next_liveness = now + self._liveness_every_s
-        if not first:
+        if not first:  # only after a death or a failed launch: in an outage, so the
+            # new recorder's first message is the START that ends it
             self.stats.recorder_restarts += 1
-            if self._lost_from is None:  # a new recorder starts from a snapshot
-                self._resync = True
         return link
 
     def _resume(self, link: Link, state: State) -> None:
         """End the outage (or resync the recorder's fold): START with the
-        events not handed over since the outage began (none for a resync)
-        and a snapshot of the live state, which holds them."""
+        events not handed over since the outage began (none for a resync) and
+        a snapshot of the live state, which holds them."""
         lost_from = self._lost_from if self._lost_from is not None else self._seq
         lost = self._seq - lost_from
         now = self._clock()
-        if now < self._resume_at or self._sent - self._acked > self._budget // 2:
+        resync_only = self._lost_from is None
+        if now < self._resume_at or now < self._snapshot_backoff.due_at or (
+                resync_only and now < self._resync_backoff.due_at):
+            return
+        if self._sent - self._acked > self._budget // 2:
             return  # a snapshot walks the state: not while the recorder is still full
         self._resume_at = now + self._liveness_every_s
         try:
             message = packb((START, self._seq, self._wall(), lost,
-                             packb(snapshot.to_wire(state))))
+                             packb(snapshot.to_wire(state)), PROTOCOL))
         except Exception as error:  # a bug; stay in the outage, the warning says why
             self._outage(lost_from, f"the state snapshot failed ({error!r})")
             return
-        if self._sent - self._acked + len(message) > self._budget:
-            if len(message) > self._budget:
-                self._outage(lost_from, f"the state snapshot ({len(message)} bytes) is larger "
-                             "than the hand-off budget: raise "
-                             "lmcache.mp.lazy_offload_log_budget_mib")
+        if not self._fits(len(message)):
+            needed = FRAME_BYTES + _growth(len(message))  # with nothing else held
+            if needed > self._budget:
+                self._too_large(needed, lost_from, now)
             return
-        if not self._send(link, message):
+        if not self._send(link, message, self._seq):
             return
+        self._start_at = self._sent
         self._flush(link)
-        self._unacked.append((self._sent, self._seq))
+        if resync_only:
+            self._resync_backoff.take(now)
+            self._resynced_at = now
         self.stats.events_lost += lost
         self._lost_from = None
         self._resync = False
         self._batch = []
         self._batch_events = 0
         self._batch_seq = self._seq
-        self._backoff_s = self._backoff_min_s
+        self._snapshot_backoff.reset()
 
-    def _outage(self, first_seq: int, why: str) -> None:
+    def _too_large(self, needed: int, lost_from: int, now: float) -> None:
+        """A snapshot that cannot fit the budget: stay in (or enter) the
+        outage, say once what the budget needs, and try again later."""
+        delay = self._snapshot_backoff.take(now)
+        if self._lost_from is None:  # a resync's: the warning below says it
+            self._lost_from = lost_from
+            self.stats.outages += 1
+        if not self._warned_snapshot:
+            self._warned_snapshot = True
+            advice = max(LOG_BUDGET_MIN_MIB, math.ceil(2 * needed / _MIB))
+            self._warn(f"event log: the state snapshot needs {needed} bytes, more than the "
+                       f"hand-off budget ({self._budget} bytes): set {BUDGET_KEY} to at "
+                       f"least {advice:g}; until then the log stays in its outage (events "
+                       f"counted), tried again after {delay:g} s, doubling")
+
+    def _outage(self, first_seq: int, why: str, *, cause: str = "") -> None:
         """Events from ``first_seq`` on do not reach the recorder; the first
-        loss of an outage warns once, with ``why``."""
+        loss of an outage warns once, with ``why`` (not again for a ``cause``
+        already warned about since a recorder last started)."""
         if self._lost_from is not None:
             self._lost_from = min(self._lost_from, first_seq)
             return
         self._lost_from = first_seq
         self.stats.outages += 1
+        if cause:
+            if cause in self._warned_causes:
+                return
+            self._warned_causes.add(cause)
         self._warn(f"event log: {why or 'the recorder is gone'}; serving continues, the "
                    "events are counted and the log records them as a GAP when recording "
                    "resumes")
+
+
+
+def _growth(size: int) -> int:
+    """What a message of ``size`` bytes adds to the count: its bytes and an
+    eighth, the open frame's buffer's room to grow."""
+    return size + size // 8
+
+
+def _flush_when_idle(ref: weakref.ref[Handoff], period_s: float) -> None:
+    """The idle flush thread's loop; it ends with its hand-off (closed, or gone)."""
+    period_s = max(period_s, 0.001)
+    while True:
+        time.sleep(period_s)
+        handoff = ref()
+        if handoff is None or handoff._closed:
+            return
+        handoff.flush_if_idle()
+        del handoff

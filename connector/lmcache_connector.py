@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
+from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from connector import kv_events, metrics, shutdown_signal
+from connector.candidates import source_of, storable_end
 from connector.eventlog import default_prefix
 from connector.handoff import Handoff
 from connector.logs import LOGGER_NAME
@@ -110,6 +113,8 @@ def _pool_hash(block_hash: Any) -> Any:
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
+        self._lazy_candidates = False  # our store-candidate path (connector.candidates)
+        self._handoff: Handoff | None = None
         settings = check_vllm_config(vllm_config)
         config = settings.offload
         super().__init__(vllm_config, role, kv_cache_config)
@@ -119,7 +124,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         world_size = int(strategy.vllm_world_size)
         engine_index = engine_index_of(vllm_config.parallel_config)
         run = _run_prefix(engine_index)
-        recorder = _make_handoff(settings, world_size, engine_index, prefix=run)
+        recorder = self._handoff = _make_handoff(settings, world_size, engine_index,
+                                                 prefix=run)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
@@ -127,10 +133,11 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
             recorder=recorder,
-            live_tokens=self._live_tokens,
             run=run if recorder is not None else "",
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
+        self._chunk_tokens = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
+        self._lazy_candidates = True
         # Always hooked: the signal also seals the log before vLLM stops its
         # workers (``EventSourcedManager.has_inflight_store_work``).
         hooked = shutdown_signal.install(self._lazy_offload_manager.shutdown_began)
@@ -141,15 +148,59 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         # LMCache-tier KV events for a router: one warning when none will arrive.
         kv_events.router_blind_warning(vllm_config, self.scheduler_adapter)
 
-    def _live_tokens(self, request_id: str) -> Any:
-        """The request's own token list (vLLM's ``all_token_ids``), which a
-        buffered store keeps instead of LMCache's copy of it
-        (``connector.stores``); None when LMCache keys on other ids
-        (multimodal prompts) or tracks no such request."""
-        tracker = self.request_trackers.get(request_id)
-        if tracker is None or tracker.mm_adjusted_prompt_ids:
-            return None
-        return tracker.all_token_ids
+    # -- the lazy store-candidate path (connector.candidates) ----------------
+
+    def _process_new_requests(self, scheduler_output: Any, metadata: Any) -> None:
+        """Lazy: LMCache's bookkeeping of newly scheduled requests, and their
+        whole new chunks offered to the manager; no store metadata is built
+        (``connector.candidates``). Eager: LMCache's own."""
+        manager = self._lazy_offload_manager if self._lazy_candidates else None
+        if not isinstance(manager, EventSourcedManager):
+            super()._process_new_requests(scheduler_output, metadata)
+            return
+        scheduled = scheduler_output.num_scheduled_tokens
+        trackers = self.request_trackers
+        for new_request in scheduler_output.scheduled_new_reqs:
+            tracker = trackers[new_request.req_id]
+            tracker.increase_num_scheduled_tokens(scheduled[new_request.req_id])
+            self._offer_new_chunks(manager, tracker)
+
+    def _process_cached_requests(self, scheduler_output: Any, metadata: Any) -> None:
+        """Lazy: LMCache's bookkeeping of running requests (block ids appended
+        as LMCache appends them, scheduled tokens), and their whole new chunks
+        offered; no store metadata is built. Eager: LMCache's own."""
+        manager = self._lazy_offload_manager if self._lazy_candidates else None
+        if not isinstance(manager, EventSourcedManager):
+            super()._process_cached_requests(scheduler_output, metadata)
+            return
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled = scheduler_output.num_scheduled_tokens
+        resumed = cached.resumed_req_ids
+        relocation = self._mamba_relocation_window
+        trackers = self.request_trackers
+        for request_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            tracker = trackers[request_id]
+            if new_block_ids and request_id not in resumed:
+                tracker.append_block_ids(new_block_ids, relocation)
+            tracker.increase_num_scheduled_tokens(scheduled[request_id])
+            self._offer_new_chunks(manager, tracker)
+
+    def _offer_new_chunks(self, manager: EventSourcedManager, tracker: Any) -> None:
+        """Offer the request's whole chunks computed since its last offer
+        (``LMCacheMPRequestTracker.num_stored_tokens`` moves as LMCache moves
+        it when it builds a store)."""
+        if not self._can_store:
+            return
+        start = tracker.num_stored_tokens
+        end = storable_end(tracker, self._chunk_tokens, self._group_tokens_per_block,
+                           self._save_decode_cache)
+        if not end:
+            return
+        group_block_ids = slice_block_ids_per_group(
+            tracker.allocated_block_ids, self._group_tokens_per_block, start, end)
+        tracker.increase_num_stored_tokens(end - start)
+        manager.offer_chunks(tracker.request_id, start, end, group_block_ids,
+                             source_of(tracker))
 
     # -- fail fast: vLLM calls these with the config before weights load ---
 
@@ -216,6 +267,18 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                                          request.block_hashes, _pool_hash)
         return result
 
+    def shutdown(self) -> Any:
+        """LMCache's shutdown (the manager hands END to the recorder), then at
+        most ``end_wait_s`` for the recorder to write it (``Handoff.finish``):
+        vLLM's engine core calls this on its way out and then leaves through
+        ``os._exit``, where no exit handler runs."""
+        try:
+            return super().shutdown()
+        finally:
+            handoff = getattr(self, "_handoff", None)
+            if handoff is not None:
+                handoff.finish()
+
 
 def _run_prefix(engine_index: int) -> str:
     """This run's log file prefix (``<prefix>-NNNNNN.lolog``): its start and
@@ -268,7 +331,9 @@ def _make_handoff(
         "max_total_bytes": max(1, round(shell.log_max_total_mib * _MIB)),
         "budget_bytes": budget,
     }
-    handoff = Handoff(launcher(spec), budget_bytes=budget, warn=_log.warning)
+    launch = launcher(spec)
+    handoff = Handoff(launch, budget_bytes=budget, warn=_log.warning,
+                      release=getattr(launch, "remove", None))  # a test's stand-in has none
     _log.info("lazy offload: event log in %s, this run's files %s-*%s; explain a request "
               "from its id (the req_id= of a warning): python -m replay explain %s --prefix "
               "%s --request ID", directory, prefix, FILE_SUFFIX, directory, prefix)
@@ -276,9 +341,12 @@ def _make_handoff(
 
 
 def _check_writable(directory: str) -> None:
-    """Raise :class:`OSError` unless ``directory`` can be created and written."""
+    """Raise :class:`OSError` unless ``directory`` can be created and written.
+    The probe file has a name of its own (pid and random bits, created
+    exclusively, never through a link), so a stale probe left by a process
+    killed before it removed it (the same pid again in a new container) is
+    no obstacle."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    probe = os.path.join(directory, f".probe-{os.getpid()}")
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, probe = tempfile.mkstemp(prefix=f".probe-{os.getpid()}-", dir=directory)
     os.close(fd)
     os.unlink(probe)

@@ -49,6 +49,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
@@ -57,10 +58,17 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadat
 from connector import blocks
 from connector.logs import get_logger
 from connector.narrator import Narrator, counters_line
-from connector.stores import StoreBuilder
+from connector.stores import StoreBuilder, StoreSource
 from offload_fsm import OffloadConfig, Policy, drive, new_state
 from offload_fsm.after_failure import DrainOnly
-from offload_fsm.queries import changed_hashes, has_in_flight, keeps_stepping, window_depth
+from offload_fsm.queries import (
+    changed_hashes,
+    ema_after,
+    has_in_flight,
+    keeps_stepping,
+    step_passes,
+    window_depth,
+)
 from offload_fsm.rules.pins import decref
 from offload_fsm.vocabulary.commands import (
     Command,
@@ -82,11 +90,13 @@ from offload_fsm.vocabulary.decisions import (
 )
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
 from offload_fsm.vocabulary.events import (
+    MAX_STEPS_PASSED,
     CandidateOffered,
     ChunksMissing,
     Event,
     FreeQueueRead,
     HashesRead,
+    PassedStep,
     PrefixCacheReset,
     ReceiptsArrived,
     RequestArrived,
@@ -95,6 +105,7 @@ from offload_fsm.vocabulary.events import (
     ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 
@@ -133,7 +144,6 @@ class EventSourcedManager:
         chunk_tokens: int = 0,
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
-        live_tokens: Callable[[str], Sequence[int] | None] = lambda _req_id: None,
         fingerprint: blocks.Fingerprint | None = None,
         run: str = "",
     ) -> None:
@@ -142,7 +152,6 @@ class EventSourcedManager:
         every warning about a request carries ("": no log)."""
         self.config = config
         self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
-        self._live_tokens = live_tokens
         self.state = new_state(config, world_size=world_size)
         self._group_tokens_per_block = [t for t in group_tokens_per_block if t > 0]
         # Chunk-level dedup needs one block stride; with several KV groups the
@@ -175,6 +184,15 @@ class EventSourcedManager:
         self._narrator = Narrator(self._log, clock, run=run)
         # Prompt length of each request still prefilling (``_reserve_blocks``).
         self._prefilling: dict[str, int] = {}
+        # Token steps that passed since the core's last event (``_step``), at
+        # most MAX_STEPS_PASSED, and the allocation EMA after them.
+        self._passed: list[PassedStep] = []
+        self._ema: float | None = None
+
+    @property
+    def events_applied(self) -> int:
+        """How many events the core has applied (and the log numbered)."""
+        return self._seq
 
     @property
     def draining(self) -> bool:
@@ -184,6 +202,11 @@ class EventSourcedManager:
     # -- the LMCache manager interface -----------------------------------
 
     def bind_block_pool(self, gpu_block_pool: Any) -> None:
+        """vLLM's scheduler hands the connector its ``BlockPool``, once, before
+        the first step (LMCache's ``bind_gpu_block_pool``). We keep it for
+        the pool commands and log the policy line of the spec. A second,
+        different pool is refused (raises): the core's block ids would name
+        two pools' blocks."""
         if self._pool is not None and self._pool is not gpu_block_pool:
             raise ValueError("lazy offload is already bound to a different GPU block pool")
         if self._pool is None:
@@ -203,14 +226,40 @@ class EventSourcedManager:
                            shutdown_flush_s=self.config.shutdown_flush_s)
 
     @_hook(lambda: None)
-    def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
+    def offer_chunks(self, req_id: str, start_token: int, end_token: int,
+                     group_block_ids: list[list[int]], source: StoreSource) -> None:
+        """A request computed ``[start_token, end_token)`` (whole chunks, in
+        order, starting where its last offer ended), held in each KV group's
+        ``group_block_ids``; ``source`` is what its STOREs take.
+
+        Called by the connector's lazy store-candidate path
+        (``connector.candidates``) while LMCache builds the step's metadata,
+        before ``on_scheduler_step``. Buffers the range (``CandidateOffered``
+        with the blocks' fingerprints); never stores it now."""
         if self._pool is None:
             raise ValueError("lazy offload GPU block pool is not bound")
         if self._drain is None:
-            self._guarded(self._offer, metadata)
+            self._guarded(self._offer, (req_id, start_token, end_token, group_block_ids, source))
+
+    def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
+        """LMCache's manager interface: ``metadata``'s STORE op as an offer
+        (:meth:`offer_chunks`), its token list copy as the source."""
+        op: Any = metadata.op
+        tokens = op.token_ids
+        self.offer_chunks(metadata.request_id, op.start, op.end, op.block_ids,
+                          StoreSource(tokens, len(tokens), metadata.cache_salt,
+                                      metadata.request_configs))
 
     @_hook(LazyOffloadActions)
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
+        """Called once per ``schedule()``, from ``build_connector_meta``, after
+        this step's offers and before the metadata goes to the workers;
+        ``scheduler_output`` is read, never changed. We feed the step
+        (``StepScheduled``, or one more passed step: see :meth:`_step`), run
+        the core's commands (pins, hash reads, free-queue reads, releases)
+        and return the stores to put in this step's metadata and the
+        sessions to end. Never raises (``_hook``); in drain-only mode only
+        settles what is in flight."""
         if self._drain is not None:
             self._execute_all(self._drain.step(self._clock()))
         elif self._pool is not None:
@@ -221,9 +270,16 @@ class EventSourcedManager:
     def on_store_results(
         self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
     ) -> LazyOffloadActions:
+        """Called from ``update_connector_output`` every step with the
+        workers' store receipts (per request, how many workers finished its
+        store; the requests whose store failed on some worker). An empty
+        call applies nothing. Otherwise ``ReceiptsArrived``: a batch every
+        worker reported is settled and its pins released; a failure drops
+        the request's later buffered ops. Returns the sessions that can now
+        end. Never raises."""
         if self._drain is not None:
             self._execute_all(self._drain.receipts(completed_store_counts, failed_request_ids))
-        else:
+        elif completed_store_counts or failed_request_ids:  # vLLM calls every step
             self._guarded(self._feed, ReceiptsArrived(
                 completed=tuple(sorted(completed_store_counts.items())),
                 failed=tuple(sorted(failed_request_ids)),
@@ -232,6 +288,12 @@ class EventSourcedManager:
 
     @_hook(LazyOffloadActions)
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
+        """Called from ``request_finished``, before vLLM frees the request's
+        blocks (they join the free queue's tail next). ``RequestFinished``
+        with the free-queue length now: the policy may shield the request's
+        buffered ops (pin them) before ``schedule()`` can reallocate them.
+        Returns the session to end when nothing is buffered or in flight.
+        Never raises."""
         if self._drain is not None:
             self._execute_all(self._drain.finished(request_id))
         else:
@@ -240,11 +302,19 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
+        """LMCache recreates a preempted request's tracker: the request
+        restarts from token 0. ``RequestPreempted``: its buffered ops are
+        dropped and a batch in flight is orphaned (its receipts still release
+        its pins). Never raises."""
         if self._drain is None:
             self._guarded(self._feed, RequestPreempted(req_id=request_id))
 
     @_hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
+        """LMCache creates a request's tracker (a new request, or an id reused
+        while the predecessor's teardown was deferred). ``RequestArrived``;
+        returns the predecessor's session to end first, if any. Never
+        raises."""
         if self._drain is not None:
             self._drain.arrived(request_id)
         else:
@@ -253,6 +323,11 @@ class EventSourcedManager:
 
     @_hook(lambda: False)
     def has_inflight_store_work(self) -> bool:
+        """vLLM asks (``Scheduler.has_requests`` through LMCache's
+        ``has_pending_push_work``) whether to keep stepping with no request:
+        yes while a store awaits receipts, shields hold pins, or a configured
+        tail flush has work. After vLLM's shutdown signal, the first "no"
+        seals the log (:meth:`_seal_early`). Reads only; never raises."""
         # Read once, first: the SIGTERM hook runs between any two bytecodes of
         # this thread, and a signal that lands after "no work" was computed
         # must not seal the log with the tail unflushed; the next call flushes.
@@ -292,6 +367,11 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def log_final_stats(self) -> None:
+        """vLLM's connector shutdown (LMCache's ``shutdown``). Feeds
+        ``ShutdownRequested`` (what is buffered is dropped and counted, what
+        is in flight abandoned), logs the final counters line of the spec and
+        hands the log its END; after an early seal, settles what came in
+        since. Idempotent; never raises."""
         if not self._closed:
             self._close()
             return
@@ -337,13 +417,16 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
-        """vLLM reset its prefix cache (every block hash is gone). Called by
-        the block pool's own reset (:func:`_report_resets`): vLLM tells no
-        connector of ``LLM.reset_prefix_cache()`` unless asked to reset the
-        connector's cache too."""
+        """vLLM reset its prefix cache: every buffered op's blocks may now
+        hold other content. ``PrefixCacheReset`` drops them (cause
+        ``cache_reset``). Called by the block pool's own reset
+        (:func:`_report_resets`): vLLM tells no connector of
+        ``LLM.reset_prefix_cache()`` unless asked to reset the connector's
+        cache too. Never raises."""
         if self._drain is None:
             self._guarded(self._feed, PrefixCacheReset())
 
+    @_hook(lambda: None)
     def on_lookup_result(
         self, request_id: str, hit_tokens: int, block_hashes: Sequence[Any],
         pool_hash: Callable[[Any], Any],
@@ -372,48 +455,66 @@ class EventSourcedManager:
 
     # -- observations -----------------------------------------------------
 
-    def _offer(self, metadata: LMCacheMPRequestMetadata) -> None:
-        self._stores.offered(metadata, self._live_tokens(metadata.request_id))
-        op: Any = metadata.op
-        block_ids = tuple(op.flat_block_ids)
+    def _offer(self, offer: tuple[str, int, int, list[list[int]], StoreSource]) -> None:
+        req_id, start, end, group_block_ids, source = offer
+        self._stores.offered(req_id, start, end, group_block_ids, source)
+        block_ids = tuple(group_block_ids[0]) if len(group_block_ids) == 1 else \
+            tuple(chain.from_iterable(group_block_ids))
         self._feed(CandidateOffered(
-            req_id=metadata.request_id, start_token=op.start, end_token=op.end,
-            block_ids=block_ids,
+            req_id=req_id, start_token=start, end_token=end, block_ids=block_ids,
             block_hashes=blocks.hashes_of(self._pool, block_ids, self._fingerprint),
             time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
         ))
 
     def _step(self, scheduler_output: Any) -> None:
+        """One scheduler step: a ``StepScheduled`` (the core plans a drain),
+        or, when the core says the step passes (``queries.step_passes``: no
+        buffered block in the window, nothing reallocated, shielded, overdue
+        or at its lease), one more step in the run the next ``StepsPassed``
+        reports: no core step and nothing recorded now."""
         if self._shutdown_signal_s is not None and not self._shutdown_fed:
             self._shutdown_fed = True
             self._feed(ShutdownBegan(time_s=max(self._shutdown_signal_s, self.state.time_s)))
             self._log.info("lazy offload: vLLM is shutting down; flushing the buffered tail",
                            ready_requests=len(self.state.ready),
                            wait_s=self.config.shutdown_flush_s)
+        state = self.state
         tokens = int(scheduler_output.total_num_scheduled_tokens)
         allocated = _allocated_block_ids(scheduler_output)
         next_step_blocks = self._blocks_for(tokens)
         pool = self._pool
         free = blocks.free_count(pool)
-        depth = window_depth(self.state, scheduled_tokens=tokens,
-                             allocated_blocks=len(allocated), next_step_blocks=next_step_blocks)
+        ema = self._ema if self._passed else state.ema_blocks
+        depth = window_depth(state, scheduled_tokens=tokens, allocated_blocks=len(allocated),
+                             next_step_blocks=next_step_blocks, ema_blocks=ema)
         reallocated: tuple[tuple[int, int | None], ...] = ()
         if tokens:
-            owners = self.state.owners  # read-only: the core's watch set
+            owners = state.owners  # read-only: the core's watch set
             watched = [b for b in allocated if b in owners]
             if watched:
-                reallocated = changed_hashes(self.state, watched,
+                reallocated = changed_hashes(state, watched,
                                              blocks.hashes_of(pool, watched, self._fingerprint))
-        self._feed(StepScheduled(
-            scheduled_tokens=tokens,
-            allocated_blocks=len(allocated),
-            next_step_blocks=next_step_blocks,
-            reserve_blocks=self._reserve_blocks(scheduler_output),
-            free_blocks=free,
-            window_block_ids=blocks.free_queue_head(pool, min(depth, free)),
-            reallocated=reallocated,
-            time_s=self._clock(),
-        ))
+        reserve = self._reserve_blocks(scheduler_output)
+        window = blocks.free_queue_head(pool, min(depth, free))
+        now_s = self._clock()
+        if tokens and step_passes(state, window_block_ids=window, reallocated=reallocated,
+                                  time_s=now_s):
+            self._passed.append((tokens, len(allocated), next_step_blocks, reserve, free,
+                                 len(window), now_s))
+            self._ema = ema_after(ema, len(allocated))
+            if len(self._passed) >= MAX_STEPS_PASSED:
+                self._report_passed()
+        else:
+            self._feed(StepScheduled(
+                scheduled_tokens=tokens,
+                allocated_blocks=len(allocated),
+                next_step_blocks=next_step_blocks,
+                reserve_blocks=reserve,
+                free_blocks=free,
+                window_block_ids=window,
+                reallocated=reallocated,
+                time_s=now_s,
+            ))
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
@@ -467,12 +568,21 @@ class EventSourcedManager:
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
     def counters_line(self) -> str:
+        """The spec's counters line (``Lazy offload final counters: ...``)."""
         return counters_line(self.state)
 
     # -- the command loop -------------------------------------------------
 
     def _feed(self, event: Event) -> None:
+        """Apply an observation and its command loop; the passed steps before
+        it first, so the core sees every step in the engine's order."""
+        if self._passed:
+            self._report_passed()
         self._applied(drive(self.state, event, self._execute))
+
+    def _report_passed(self) -> None:
+        passed, self._passed = tuple(self._passed), []
+        self._applied(drive(self.state, StepsPassed(steps=passed), self._execute))
 
     def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...], *,
                  record: bool = True) -> None:
@@ -481,7 +591,10 @@ class EventSourcedManager:
             self._narrator.note(outcome)
         self._seq += len(applied)
         if record and self._recorder is not None and applied:
-            self._recorder.record(list(applied), self.state)
+            try:
+                self._recorder.record(list(applied), self.state)
+            except Exception as error:  # the log's failure, not offload's: never drain-only
+                self._hook_failed("record", error)
 
     def _execute(self, command: Command) -> Event | None:
         pool = self._pool
@@ -570,6 +683,7 @@ class EventSourcedManager:
         except Exception as secondary:
             self._log.error("lazy offload: could not record the failure",
                             reason=repr(secondary))
+        self._passed = []  # the core is closed: they have nowhere to go
         unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
         self._drain, commands = DrainOnly.take_over(self.state, self._submitted, self._held,
                                                     self._clock(), unexecuted)

@@ -160,7 +160,8 @@ GAUGES: Final[dict[str, str]] = {
                                "process (it was dead, stalled or behind its byte budget); "
                                "the log records them as a GAP when recording resumes.",
     "log_handoff_bytes_in_flight": "Bytes handed to the recorder process and not yet "
-                                   "taken in (bounded by lazy_offload_log_budget_mib).",
+                                   "taken in, with their bookkeeping (bounded by "
+                                   "lazy_offload_log_budget_mib).",
     "log_recorder_restarts": "Times the recorder process was started again after it died.",
     "log_recorder_up": "1 while the recorder process runs and the log is in step with the "
                        "engine, else 0.",
@@ -247,7 +248,9 @@ class StatsSource:
 
     Reads only: the core's ``state`` (counters, buffers, batches, pins) and
     the manager's ``draining``; in drain-only mode the shell's own pin ledger
-    and in-flight stores. vLLM asks every scheduler step. Per call: the
+    and in-flight stores. vLLM asks every scheduler step; a call after no
+    event was applied (the manager's ``events_applied``, as on a passed
+    step) returns at once with nothing. Otherwise, per call: the
     counters compared with the last call's in C (a few microseconds for the
     few dozen) and a delta for each that moved; the gauges of the ops
     (buffered, verifying, in flight, in ops and tokens) are the core's live
@@ -273,6 +276,7 @@ class StatsSource:
         self._orders: deque[tuple[int, int]] = deque()
         self._walked: dict[str, int] = {}  # the last pass over the ops
         self._walked_at: tuple[int, int] | None = None  # (id(state), sum of MOVES) then
+        self._applied_at: tuple[int, int] | None = None  # (id(state), events applied) then
 
     def collect(self) -> tuple[dict[str, int], dict[str, int]]:
         """``(counter deltas, gauges that changed)``; both empty when nothing moved.
@@ -280,7 +284,18 @@ class StatsSource:
         The counters are compared in C (``map(ne, ...)`` over their values in
         their fixed order, against the values of the last call), so a call
         costs a few microseconds plus one entry per counter that moved."""
-        state = self._manager.state
+        manager = self._manager
+        state = manager.state
+        draining = bool(getattr(manager, "draining", False))
+        # Nothing applied since the last call: nothing can have moved (the
+        # hand-off's figures move only when it records). Drain-only mode
+        # moves the shell's own ledger without events: always read.
+        applied = getattr(manager, "events_applied", None)
+        if not draining and applied is not None:
+            key = (id(state), applied)
+            if key == self._applied_at:
+                return {}, {}
+            self._applied_at = key
         counters = state.counters
         if len(counters) != len(self._keys) or counters is not self._counters:
             self._rebind(counters)
@@ -291,7 +306,6 @@ class StatsSource:
         self._last_values = values
         changed: dict[str, int] = {}
         seen = self._last_gauges
-        draining = bool(getattr(self._manager, "draining", False))
         if self._recounted(state, draining, sum(compress(values, self._moves_mask))):
             for name, value in self._walked.items():
                 if seen.get(name) != value:

@@ -12,9 +12,16 @@ Its settings arrive as one JSON object on stdin (``connector.supervisor``).
 
 Theory of operation
 -------------------
-* START ``(seq, wall_s, lost, snapshot)``: the fold starts from a fresh state
-  (``snapshot`` None, seq 0) or from the engine's snapshot; ``lost`` events
-  before ``seq`` never arrived, and the log says so (GAP, then the snapshot).
+* START ``(seq, wall_s, lost, snapshot, protocol)``: the fold starts from a
+  fresh state (``snapshot`` None, seq 0) or from the engine's snapshot;
+  ``lost`` events before ``seq`` never arrived, and the log says so (GAP,
+  then the snapshot).
+* A START that cannot be honoured (another ``protocol``; a log directory
+  that cannot be written: gone read-only, full, not a directory) is
+  answered with FAILED ``(cause, text)``, the text naming the fix, and the
+  recorder exits (:data:`EXIT_FAILED`): the engine warns once per cause and
+  starts a recorder again with backoff. A log directory that is gone is
+  made again.
 * STEP: each callback's events are folded and recorded with the engine's
   recorded outcomes, so the log says what the engine decided. When the fold
   decides otherwise, or its summary differs from the engine's (a state
@@ -28,7 +35,12 @@ Theory of operation
   VANISHED record and exits: it never outlives its engine.
 * It acknowledges what it took in, in bytes (ACK), at most every ``_ACK_S``
   or ``_ACK_BYTES``, with its counters about once a second; the engine's
-  budget counts the unacknowledged bytes.
+  budget counts the unacknowledged bytes. What it took in waits in its
+  writer's queue, bounded by the same budget in the bytes of the objects
+  queued (:func:`queued_bytes`), not their wire bytes. While that queue is
+  half full it takes nothing more in: what the engine sends waits in the
+  socket, unacknowledged, within the engine's budget (past which the
+  engine counts an outage), rather than the writer dropping it.
 * SIGINT and SIGTERM are ignored: the engine's END, or its death, ends the
   log, so a Ctrl-C to vLLM's process group cannot cut the log short.
 """
@@ -36,6 +48,7 @@ Theory of operation
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -44,12 +57,22 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import msgpack
 import zmq
 
-from connector.handoff import ACK, END, REJECT, RESYNC, START, STEP, state_summary
+from connector.handoff import (
+    ACK,
+    END,
+    FAILED,
+    PROTOCOL,
+    REJECT,
+    RESYNC,
+    START,
+    STEP,
+    state_summary,
+)
 from connector.recording import EventRecorder
 from offload_fsm.log import snapshot
 from offload_fsm.log.decode import LogDecoder
@@ -63,13 +86,17 @@ from offload_fsm.vocabulary.config import parse_recorded_config
 from offload_fsm.vocabulary.errors import LogCorrupt
 from offload_fsm.vocabulary.events import Event
 
-__all__ = ["Recorder", "main"]
+__all__ = ["EXIT_FAILED", "Recorder", "cannot_record", "main"]
 
 _log = logging.getLogger("connector.recorder")
 _ACK_S = 0.01
 _ACK_BYTES = 256 * 1024
 _STATS_S = 1.0
 _POLL_MS = 100
+_BUSY_S = 0.005  # how long to leave the socket alone while the writer's queue is half full
+QUEUED_BYTES_PER_WIRE_BYTE: Final = 16  # see queued_bytes
+QUEUED_BYTES_PER_EVENT: Final = 256
+EXIT_FAILED: Final = 3  # it sent FAILED: it could not record, or refused the engine
 
 
 class Recorder:
@@ -85,6 +112,7 @@ class Recorder:
         self.state: State | None = None  # the fold; None when it cannot be trusted
         self.next_seq = 0
         self.done = False
+        self.failed = False  # it refused, or could not open its log: FAILED was sent
         self._warned = False
         self._message_bytes = 0
         self._writer: Any = None  # kept for its counters after the log is closed
@@ -115,10 +143,14 @@ class Recorder:
         elif kind == END:
             self._end(*message[1:])
 
-    def _start(self, seq: int, wall_s: float, lost: int, packed: bytes | None) -> None:
+    def _start(self, seq: int, wall_s: float, lost: int, packed: bytes | None,
+               protocol: int | None = None) -> None:
         """The engine's ``lost`` is what it could not confirm; the GAP says
         what this recorder knows: from the events it took in (or, new after
         a recorder died, the events the run's files hold) up to ``seq``."""
+        if protocol != PROTOCOL:
+            self._refuse_version(protocol)
+            return
         if packed is None:
             state = new_state(self._config, world_size=self._world_size)
         else:
@@ -126,16 +158,48 @@ class Recorder:
         recorder = self.recorder
         if recorder is None:
             first = 0
-            if packed is not None:
-                on_disk = events_on_disk(Path(self._spec["directory"]), self._spec["prefix"])
-                first = min(seq, on_disk if on_disk is not None else 0)
-            recorder = self.recorder = self._new_recorder(first)
+            directory = Path(self._spec["directory"])
+            try:
+                if packed is not None:
+                    on_disk = events_on_disk(directory, self._spec["prefix"])
+                    first = min(seq, on_disk if on_disk is not None else 0)
+                recorder = self.recorder = self._new_recorder(first)
+            except OSError as error:
+                self._fail(*cannot_record(directory, error))
+                return
             self._writer = recorder.writer
             self.next_seq = first
         if packed is not None:
             recorder.resume(seq, seq - min(self.next_seq, seq), state)
         self.state = state
         self.next_seq = seq
+
+    def _refuse_version(self, protocol: int | None) -> None:
+        """An engine that speaks another protocol (an upgrade installed under a
+        running engine): refuse, once. An engine from before the handshake
+        (``protocol`` None) does not read FAILED: this recorder says it on
+        stderr, once per engine (a marker beside its socket)."""
+        why = (f"this recorder speaks protocol {PROTOCOL}, the engine "
+               f"{protocol if protocol is not None else 'one from before version 2'} (the "
+               "package was replaced under a running engine?); restart vLLM to record again")
+        if protocol is None:
+            marker = Path(str(self._spec.get("endpoint", "")).removeprefix("ipc://")).parent \
+                / "protocol-refused"
+            try:
+                marker.touch(mode=0o600, exist_ok=False)
+            except FileExistsError:
+                pass
+            except OSError:
+                _log.warning("lazy offload recorder: %s", why)
+            else:
+                _log.warning("lazy offload recorder: %s", why)
+        self._fail("protocol", why)
+
+    def _fail(self, cause: str, why: str) -> None:
+        """It cannot record: FAILED to the engine (which warns once per
+        ``cause`` and starts a recorder again with backoff), then exit."""
+        self.done = self.failed = True
+        self._reply(packb((FAILED, cause, why)))
 
     def _step(self, seq: int, wall_s: float, summary: Any, callbacks: Any) -> None:
         recorder = self.recorder
@@ -148,7 +212,7 @@ class Recorder:
         for callback in callbacks:
             pairs = self._pairs(callback)
             recorder.record(self._fold(seq, pairs), self.state,
-                            size_bytes=per_event * len(pairs))
+                            size_bytes=queued_bytes(per_event, len(pairs)))
             seq += len(pairs)
         self.next_seq = seq
         if summary is not None and self.state is not None \
@@ -244,6 +308,14 @@ class Recorder:
             register_atexit=False,
         )
 
+    @property
+    def writer_busy(self) -> bool:
+        """Whether its writer's queue holds half its bound or more: what the
+        engine sends then waits in the socket, unacknowledged, so the
+        engine's budget holds it rather than the writer dropping it."""
+        writer = self._writer
+        return writer is not None and 2 * writer.queued_bytes >= writer.queue_max_bytes
+
     def stats(self) -> dict[str, int]:
         recorder = self.recorder
         writer = self._writer
@@ -253,11 +325,26 @@ class Recorder:
         return out
 
 
+def queued_bytes(wire_bytes_per_event: int, events: int) -> int:
+    """What ``events`` weigh in the writer's queue, as the Python objects
+    they are there (each event and the fold's outcome for it): at most
+    :data:`QUEUED_BYTES_PER_WIRE_BYTE` times their wire bytes plus
+    :data:`QUEUED_BYTES_PER_EVENT` each (measured: 10 to 15 times the wire
+    bytes, 290 to 670 bytes an event, on the synthetic workloads;
+    ``tests/connector/test_handoff.py``)."""
+    return events * (QUEUED_BYTES_PER_WIRE_BYTE * wire_bytes_per_event + QUEUED_BYTES_PER_EVENT)
+
+
 def events_on_disk(directory: Path, prefix: str) -> int | None:
     """How many events the run ``prefix`` has in ``directory`` (the next
     event's ``seq`` after the last its latest readable file holds); None if
-    it has no readable file."""
-    files = sorted((path for path in directory.iterdir()
+    it has no readable file (or ``directory`` is gone: the writer makes it
+    again)."""
+    try:
+        names = list(directory.iterdir())
+    except FileNotFoundError:
+        return None
+    files = sorted((path for path in names
                     if (parsed := parse_file_name(path.name)) is not None
                     and parsed[0] == prefix), key=lambda path: file_sort_key(path.name))
     for path in reversed(files):
@@ -293,11 +380,39 @@ def _events_through(record: LogRecord) -> int:
     return record.seq
 
 
-def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: float) -> int:
+_FIXES = {
+    errno.EROFS: "the file system is read-only: remount it read-write, or set "
+                 "lmcache.mp.lazy_offload_log_dir to a writable directory",
+    errno.ENOSPC: "the disk is full: free space, or lower "
+                  "lmcache.mp.lazy_offload_log_max_total_mib",
+    errno.EDQUOT: "the disk quota is exhausted: free space, or lower "
+                  "lmcache.mp.lazy_offload_log_max_total_mib",
+    errno.EACCES: "permission denied: give this user write access, or set "
+                  "lmcache.mp.lazy_offload_log_dir to a directory it can write",
+    errno.EPERM: "permission denied: give this user write access, or set "
+                 "lmcache.mp.lazy_offload_log_dir to a directory it can write",
+}
+
+
+def cannot_record(directory: Path, error: OSError) -> tuple[str, str]:
+    """Why a recorder cannot open its log in ``directory``: the cause (what
+    repeats, for the engine's one warning each) and the text, with the fix."""
+    code = error.errno if error.errno is not None else 0
+    cause = errno.errorcode.get(code, type(error).__name__)
+    fix = _FIXES.get(code, "make it a writable directory, or set "
+                     "lmcache.mp.lazy_offload_log_dir to one")
+    return cause, (f"the log directory {directory} cannot be written ({error.strerror or error}); "
+                   f"{fix}; recording is tried again with backoff")
+
+
+def _take_waiting(socket: zmq.Socket[Any], recorder: Recorder, limit_bytes: float,
+                  *, until_full: bool = True) -> int:
     """Hand the messages waiting in ``socket`` to ``recorder`` until none is left,
-    the recorder is done or ``limit_bytes`` were taken; returns the bytes taken."""
+    the recorder is done, ``limit_bytes`` were taken or (``until_full``) its
+    writer's queue is half full; returns the bytes taken."""
     taken = 0
-    while not recorder.done and taken < limit_bytes:
+    while not recorder.done and taken < limit_bytes and not (
+            until_full and recorder.writer_busy):
         try:
             frames = socket.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
@@ -330,22 +445,26 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
     poller = zmq.Poller()
     poller.register(socket, zmq.POLLIN)
     while not recorder.done:
-        if poller.poll(_POLL_MS):
+        if recorder.writer_busy:
+            time.sleep(_BUSY_S)  # what waits stays unacknowledged: the engine's budget holds it
+        elif poller.poll(_POLL_MS):
             taken += _take_waiting(socket, recorder, _ACK_BYTES - (taken - acked))
         now = time.monotonic()
-        if taken != acked and (now >= next_ack or taken - acked >= _ACK_BYTES
-                               or recorder.done):
+        if taken != acked and not recorder.failed and (
+                now >= next_ack or taken - acked >= _ACK_BYTES or recorder.done):
             stats = recorder.stats() if now >= next_stats or recorder.done else None
             _send(socket, packb((ACK, taken, stats)))
             acked, next_ack = taken, now + _ACK_S
             if stats is not None:
                 next_stats = now + _STATS_S
         if not recorder.done and _parent_gone(parent):
-            _take_waiting(socket, recorder, math.inf)  # what the engine sent before it died
+            # What the engine sent before it died, whatever the writer's queue
+            # holds (past its bound the writer drops and counts, with a GAP).
+            _take_waiting(socket, recorder, math.inf, until_full=False)
             if not recorder.done:
                 recorder.vanish(f"the engine process {parent} exited without a clean "
                                 "shutdown")
-    return 0
+    return EXIT_FAILED if recorder.failed else 0
 
 
 def main() -> int:

@@ -125,10 +125,12 @@ from offload_fsm.state import State
 from offload_fsm.vocabulary.config import OffloadConfig, Settings
 from offload_fsm.vocabulary.events import Event
 
-__all__ = ["EventRecorder", "installed_versions"]
+__all__ = ["PUB_MESSAGE_MAX_BYTES", "SUBSCRIPTION_MAX_BYTES", "EventRecorder",
+           "installed_versions", "pub_socket"]
 
 _NEW_FILE = (HEADER,)
 PUB_MESSAGE_MAX_BYTES: Final = 256 * 1024
+SUBSCRIPTION_MAX_BYTES: Final = 1024  # the largest message a subscriber may send
 _BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
 
@@ -169,6 +171,26 @@ def installed_versions() -> dict[str, str]:
             except metadata.PackageNotFoundError:
                 continue
     return out
+
+
+def pub_socket(context: Any, endpoint: str, budget_bytes: int) -> Any:
+    """The live stream's PUB socket, bound to ``endpoint``: each subscriber's
+    queue holds at most ``budget_bytes`` (in :data:`PUB_MESSAGE_MAX_BYTES`
+    records), and what a peer may send it (subscriptions, a few bytes each)
+    is cut at :data:`SUBSCRIPTION_MAX_BYTES`: a peer that declares more is
+    disconnected before anything is allocated for it."""
+    import zmq
+
+    socket = context.socket(zmq.PUB)
+    socket.setsockopt(zmq.SNDHWM, max(1, budget_bytes // PUB_MESSAGE_MAX_BYTES))
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX_BYTES)
+    try:
+        socket.bind(endpoint)
+    except zmq.ZMQError:
+        socket.close(linger=0)
+        raise
+    return socket
 
 
 class _Encoder:
@@ -355,13 +377,9 @@ class _Encoder:
                 import zmq
 
                 self._context = zmq.Context()
-                socket = self._context.socket(zmq.PUB)
-                socket.setsockopt(zmq.SNDHWM, max(1, self._pub_budget // PUB_MESSAGE_MAX_BYTES))
-                socket.setsockopt(zmq.LINGER, 0)
                 try:
-                    socket.bind(self._pub_endpoint)
+                    socket = pub_socket(self._context, self._pub_endpoint, self._pub_budget)
                 except zmq.ZMQError as error:
-                    socket.close(linger=0)
                     self.pub_bind_failed = 1
                     _log.warning("event log: the live stream cannot bind %s (%s); the log "
                                  "is written without it", self._pub_endpoint, error)

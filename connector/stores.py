@@ -1,28 +1,25 @@
 """What the core cannot hold: how to build each request's LMCache store.
 
 The core sees a store op as a token range and flat block ids. LMCache needs
-the request's token list, cache salt and request configs (from its latest
-metadata) and each KV group's block ids. :class:`StoreBuilder` keeps these
-per request and per op start, builds one coalesced STORE for a
+the request's token list, cache salt and request configs and each KV group's
+block ids. :class:`StoreBuilder` keeps these per request
+(:class:`StoreSource`) and per op start, builds one coalesced STORE for a
 ``SubmitStore`` (the core may have trimmed already-stored leading chunks off
 the first op), and forgets them when the core drops, rejects or ends them.
 Its memory is bounded by what the core buffers. The core may cut an op at a
 chunk boundary (``OpSplit``); a store or a drop that ends or starts inside
 an op cuts the shell's record there too, so either side can go alone.
 
-Token lists. LMCache's metadata carries a fresh copy of the request's whole
-token list (``LMCacheMPRequestTracker.get_token_ids``), made on every offer.
-Eager LMCache sends it at once and lets it go; a buffered op would keep it
-for hundreds of steps, and until a second-generation collection promotes
-it, every young collection of the cyclic GC visits each of its items: with
-hundreds of buffered ops that is millions of items a collection, beside
-vLLM's own requests' token lists. So when the
-caller passes the request's live token list (vLLM's
-``Request.all_token_ids``: append-only, and alive with the request anyway),
-only it and the copy's length are kept, and the STORE's token list is
-sliced from it when it is built: the same tokens as the copy. Without one
-(no tracker, or multimodal prompt ids that differ from vLLM's), the copy is
-kept.
+Token lists. Eager LMCache copies the request's whole token list into the
+metadata of every chunk it offers (``LMCacheMPRequestTracker.get_token_ids``)
+and sends it at once. A buffered op would keep such a copy for hundreds of
+steps, and every young collection of the cyclic GC would visit its items.
+So a request's source holds vLLM's own token list (``Request.all_token_ids``:
+append-only, and alive with the request anyway) and its length at the latest
+offer, and the STORE's token list is sliced from it only when it is built:
+the same tokens a copy at the offer would have held. Only multimodal
+prompts, whose key ids differ from vLLM's, hold a copy
+(``connector.candidates``).
 """
 
 from __future__ import annotations
@@ -36,10 +33,10 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 from offload_fsm.vocabulary.commands import SubmitStore
 
 
-class _Request(NamedTuple):
-    """What a request's STOREs take from its latest offer: its token list's
-    first ``num_tokens`` tokens (``tokens``: the live list, or the offer's
-    copy), its cache salt and its request configs."""
+class StoreSource(NamedTuple):
+    """What a request's STOREs take from its latest offer: the first
+    ``num_tokens`` of ``tokens`` (the key ids LMCache derives chunk keys
+    from), its cache salt and its request configs."""
 
     tokens: Sequence[int]
     num_tokens: int
@@ -50,22 +47,16 @@ class _Request(NamedTuple):
 class StoreBuilder:
     def __init__(self, group_tokens_per_block: list[int]) -> None:
         self._group_tokens_per_block = list(group_tokens_per_block)
-        self._latest: dict[str, _Request] = {}
+        self._latest: dict[str, StoreSource] = {}
         # req id -> op start token -> (op end token, per-group block ids)
         self._ops: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
 
-    def offered(self, metadata: LMCacheMPRequestMetadata,
-                live_tokens: Sequence[int] | None = None) -> None:
-        """Note an offer. ``live_tokens``: the request's own append-only token
-        list, whose first ``len(metadata.op.token_ids)`` tokens the offer's
-        copy holds (kept instead of the copy: see the module docstring)."""
-        op: Any = metadata.op
-        copied = op.token_ids
-        tokens = live_tokens if live_tokens is not None and len(live_tokens) >= len(copied) \
-            else copied
-        self._latest[metadata.request_id] = _Request(
-            tokens, len(copied), metadata.cache_salt, metadata.request_configs)
-        self._ops.setdefault(metadata.request_id, {})[op.start] = (op.end, op.block_ids)
+    def offered(self, req_id: str, start_token: int, end_token: int,
+                group_block_ids: list[list[int]], source: StoreSource) -> None:
+        """Note an offer of ``[start_token, end_token)`` with each KV group's
+        block ids; ``source`` replaces the request's earlier one."""
+        self._latest[req_id] = source
+        self._ops.setdefault(req_id, {})[start_token] = (end_token, group_block_ids)
 
     def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
         latest = self._latest[command.req_id]

@@ -1,8 +1,10 @@
 """Starting the recorder process and the socket to it.
 
 One recorder per engine, started by :func:`launcher`'s function as
-``python -m connector.recorder``: a new interpreter (fork and exec), never a
-fork of vLLM's engine process, which may hold CUDA state and threads. It runs
+``python -P -m connector.recorder`` in ``/`` (:func:`recorder_command`): a
+new interpreter (fork and exec), never a fork of vLLM's engine process,
+which may hold CUDA state and threads, and one that imports nothing from
+the engine's working directory (a planted ``json.py`` there). It runs
 in a session of its own, so a Ctrl-C or a signal to vLLM's process group does
 not cut the log short: it ends at the engine's END, or, when the engine dies
 without one, when it sees its parent gone (``connector.recorder``).
@@ -10,8 +12,9 @@ without one, when it sees its parent gone (``connector.recorder``).
 The socket is a ZeroMQ PAIR over ``ipc://`` in a directory only this user
 can enter (0700), one path per recorder started; the recorder binds it and
 this side connects, so messages sent before the recorder is up wait for it. ZeroMQ's
-high-water marks are off: the hand-off's byte budget bounds what it holds
-(``connector.handoff``).
+high-water marks are off: the hand-off's byte budget bounds what it holds,
+bookkeeping included (``connector.handoff``); the engine's messages go to
+ZeroMQ as frames, several back to back, each copied once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +35,7 @@ import zmq
 
 from offload_fsm.log.wire import unpackb
 
-__all__ = ["RecorderLink", "launcher"]
-
-_COPY_BELOW_BYTES = 64 * 1024  # smaller messages are copied (cheaper than tracking a frame)
-_COALESCE_BYTES = 64 * 1024  # held messages are handed over at this size, or at flush()
+__all__ = ["Launcher", "RecorderLink", "launcher", "recorder_command", "recorder_environment"]
 
 
 class RecorderLink:
@@ -46,21 +46,18 @@ class RecorderLink:
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        # The open frame: messages back to back, no per-message object.
+        self._frame = bytearray()
+        self.endpoint_path = path
         endpoint = f"ipc://{path}"
         # Connected (the recorder binds): a connecting socket queues what is
         # sent before its peer is there; ZeroMQ connects once it is.
         self._socket.setsockopt(zmq.RECONNECT_IVL, 20)
         self._socket.connect(endpoint)
-        env = dict(os.environ)
-        # The package may have been found through vLLM's kv_connector_module_path.
-        here = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "connector.recorder"], stdin=subprocess.PIPE,
-                start_new_session=True, close_fds=True, env=env)
+                recorder_command(), stdin=subprocess.PIPE, cwd="/",
+                start_new_session=True, close_fds=True, env=recorder_environment())
             assert self._process.stdin is not None
             self._process.stdin.write(json.dumps(
                 {**spec, "endpoint": endpoint, "parent_pid": os.getpid()}).encode())
@@ -71,25 +68,22 @@ class RecorderLink:
         self.pid = self._process.pid
 
     def send(self, message: bytes) -> bool:
-        """Hold ``message`` for :meth:`flush`; hand a batch's worth at once."""
-        self._pending.append(message)
-        self._pending_bytes += len(message)
-        return self._pending_bytes < _COALESCE_BYTES or self.flush()
+        """Append ``message`` to the open frame."""
+        self._frame += message
+        return True
 
     def flush(self) -> bool:
-        """The held messages, back to back, as one ZeroMQ message (one call,
-        one wake-up of its I/O thread)."""
-        frames, total = self._pending, self._pending_bytes
-        self._pending, self._pending_bytes = [], 0
-        if not frames:
+        """The open frame as one ZeroMQ message (one call, one wake-up of
+        its I/O thread); ZeroMQ keeps a copy of exactly its bytes."""
+        frame = self._frame
+        if not frame:
             return True
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
         try:
-            # One frame of messages back to back: one ZeroMQ message to hold
-            # (its allocations, not one set per step, count against memory).
-            self._socket.send(data, zmq.NOBLOCK, copy=total < _COPY_BELOW_BYTES)
+            self._socket.send(frame, zmq.NOBLOCK, copy=True)
         except zmq.ZMQError:
             return False
+        finally:
+            frame.clear()
         return True
 
     def replies(self) -> list[tuple[Any, ...]]:
@@ -112,17 +106,68 @@ class RecorderLink:
         self._process.poll()  # reap it if it is gone
 
 
-def launcher(spec: Mapping[str, Any]) -> Callable[[], RecorderLink]:
-    """A function that starts one more recorder for ``spec`` (the recorder's
-    settings, ``connector.recorder``) each time it is called."""
-    context: zmq.Context[Any] = zmq.Context(io_threads=1)
-    runtime = Path(tempfile.mkdtemp(prefix="lazy-offload-", dir=os.environ.get(
-        "XDG_RUNTIME_DIR") if os.path.isdir(os.environ.get("XDG_RUNTIME_DIR", "")) else None))
-    runtime.chmod(0o700)
-    atexit.register(shutil.rmtree, runtime, True)
-    numbers = itertools.count()
+def recorder_command() -> list[str]:
+    """``python -P -m connector.recorder``: with ``-P`` (and
+    ``PYTHONSAFEPATH``) nothing from the working directory is importable
+    ahead of the standard library; the process also runs in ``/``."""
+    return [sys.executable, "-P", "-m", "connector.recorder"]
 
-    def launch() -> RecorderLink:
-        return RecorderLink(context, runtime / f"recorder-{next(numbers)}.sock", spec)
 
-    return launch
+def recorder_environment() -> dict[str, str]:
+    """The engine's environment, with ``PYTHONSAFEPATH=1``, this package's
+    directory first on ``PYTHONPATH`` (vLLM may have found it through
+    ``kv_connector_module_path``), and the engine's other ``PYTHONPATH``
+    entries made absolute (the recorder runs in ``/``; an empty entry, the
+    working directory, is dropped)."""
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[1])
+    entries = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([here, *entries])
+    env["PYTHONSAFEPATH"] = "1"
+    return env
+
+
+class Launcher:
+    """Starts one more recorder for ``spec`` (the recorder's settings,
+    ``connector.recorder``; its ``directory`` made absolute) each time it is
+    called. Its sockets live in a runtime directory of its own (0700, under
+    ``$XDG_RUNTIME_DIR`` when there is one); one removed under a running
+    engine (a logout, a tmp cleaner) is made again before the next recorder
+    starts, or a new one is made elsewhere. :meth:`remove` removes it (at
+    vLLM's shutdown, and at the interpreter's exit)."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self._context: zmq.Context[Any] = zmq.Context(io_threads=1)
+        self._spec = {**spec, "directory": os.path.abspath(spec["directory"])}
+        self._runtimes: list[Path] = []
+        self._numbers = itertools.count()
+        atexit.register(self.remove)
+
+    def __call__(self) -> RecorderLink:
+        return RecorderLink(self._context, self._runtime() / f"recorder-{next(self._numbers)}.sock",
+                            self._spec)
+
+    def remove(self) -> None:
+        """Remove the runtime directories (the recorders' sockets are bound
+        there: a running recorder keeps its connection)."""
+        for path in self._runtimes:
+            shutil.rmtree(path, True)
+
+    def _runtime(self) -> Path:
+        if self._runtimes:
+            try:
+                self._runtimes[-1].mkdir(mode=0o700, exist_ok=True)
+                return self._runtimes[-1]
+            except OSError:
+                pass  # its parent is gone too: a new one
+        xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+        path = Path(tempfile.mkdtemp(prefix="lazy-offload-", dir=xdg if os.path.isdir(xdg)
+                                     else None))
+        path.chmod(0o700)
+        self._runtimes.append(path)
+        return path
+
+
+def launcher(spec: Mapping[str, Any]) -> Launcher:
+    """A :class:`Launcher` for ``spec``."""
+    return Launcher(spec)

@@ -1,8 +1,8 @@
 """Read-only invariant checkers over a :class:`State`.
 
 Each checker returns a list of violation strings (empty when it holds), so
-tests can assert on it, replay can report it, and the connector's debug mode
-can log it. :func:`check_all` runs them all; :func:`assert_invariants` raises.
+tests can assert on it and replay can report it. :func:`check_all` runs them
+all; :func:`assert_invariants` raises.
 
 The invariants:
 

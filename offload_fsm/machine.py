@@ -55,7 +55,12 @@ FINISHED request with nothing buffered and no batch ends its session
 fields and hands over to the policy (``PolicyHooks.token_step``: FIFO's
 threshold rule in ``fifo``; the danger window, cascade and shields in
 ``eviction_aware``). Its commands are answered before the next observation.
-A step with zero scheduled tokens selects nothing; it only lifts shields,
+A run of token steps that the shell found quiet (no buffered block in
+their windows, nothing reallocated, shielded, overdue or past its lease)
+arrives as one ``StepsPassed``: each is folded as its ``StepScheduled``
+would have been, without a plan (``drain.on_steps_passed``); on a busy
+engine with a buffered backlog far from the eviction head, that is most
+steps. A step with zero scheduled tokens selects nothing; it only lifts shields,
 unless a tail flush is configured (``tail_flush``: after ``idle_flush_steps``
 empty steps in a row, or after ``ShutdownBegan``, the ready requests'
 intact buffered ops are selected; off by default).
@@ -94,6 +99,7 @@ from offload_fsm.vocabulary.events import (
     ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import NO_OUTCOME, Outcome
 
@@ -113,6 +119,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     FreeQueueRead: eviction_aware.on_queue_read,
     ChunksMissing: dedup.on_chunks_missing,
     ShutdownBegan: tail_flush.on_shutdown_began,
+    StepsPassed: tail_flush.on_steps_passed,
 }
 
 

@@ -2,24 +2,68 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from typing import Any, Final
 
+from offload_fsm.policies.ea_planner import next_ema
 from offload_fsm.policies.registry import hooks_for
 from offload_fsm.state import BatchStatus, State
+from offload_fsm.vocabulary.config import Policy
 from offload_fsm.vocabulary.events import BlockHash
 
 
+class _Current(enum.Enum):
+    STATE = "the state's"
+
+
+CURRENT: Final = _Current.STATE
+
+
 def window_depth(
-    state: State, *, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int
+    state: State, *, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int,
+    ema_blocks: float | None | _Current = CURRENT,
 ) -> int:
     """How many free-queue blocks the shell must read into the next
     ``StepScheduled`` (it caps them by the queue length): the danger depth
     after this step's EMA update under EVICTION_AWARE; 0 for FIFO, for empty
     steps, and when no buffered op covers any block (the shell then skips
-    the walk)."""
+    the walk). ``ema_blocks``: the allocation EMA before this step, where the
+    shell holds passed steps the core has not folded yet (:func:`ema_after`);
+    the state's by default."""
+    ema = state.ema_blocks if ema_blocks is CURRENT else ema_blocks
     return hooks_for(state.config.policy).window_depth(
-        state, scheduled_tokens, allocated_blocks, next_step_blocks
+        state, scheduled_tokens, allocated_blocks, next_step_blocks, ema
     )
+
+
+def ema_after(ema_blocks: float | None, allocated_blocks: int) -> float:
+    """The allocation EMA after a token step that allocated ``allocated_blocks``."""
+    return next_ema(ema_blocks, allocated_blocks)
+
+
+def step_passes(
+    state: State, *, window_block_ids: Sequence[int], reallocated: Sequence[Any], time_s: float
+) -> bool:
+    """Whether a token step at ``time_s`` that read ``window_block_ids`` and
+    saw ``reallocated`` may go in a ``StepsPassed``: under EVICTION_AWARE,
+    no buffered block in the window, no watched block reallocated, nothing
+    shielded, no op overdue and no receipt lease ending. A step this says no
+    to goes as ``StepScheduled`` (always valid); so does every step under
+    FIFO, whose token step is its threshold rule."""
+    config = state.config
+    if config.policy is not Policy.EVICTION_AWARE or reallocated or state.shielded:
+        return False
+    if not state.owners.keys().isdisjoint(window_block_ids):
+        return False
+    batches = state.batches
+    if config.receipt_lease_s > 0 and batches and \
+            time_s - next(iter(batches.values())).selected_time_s >= config.receipt_lease_s:
+        return False
+    deadlines = state.deadlines
+    # A due deadline may be stale; only a StepScheduled clears it (``pop_overdue``).
+    return not (config.max_deferral_seconds > 0 and deadlines
+                and deadlines[0][0] <= time_s - config.max_deferral_seconds)
 
 
 def watches(state: State, block_id: int) -> bool:

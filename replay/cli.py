@@ -5,8 +5,8 @@ Exit codes: 0 ok; 1 divergence or a rejected event (verify), a ledger that
 does not close (summary), two logs that part (diff), or no record before the
 timeout (tail); 2 usage error (bad arguments, no such log, an unknown request
 id or a step outside the log, a path where tail needs an endpoint); 3
-corruption (a damaged record, a lost event, no header). Damage is reported
-on stderr.
+corruption (a damaged record, a lost event, no header; or the memory ceiling
+reached, see --max-memory-mib). Damage is reported on stderr.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, TextIO, cast
 
 from replay import diff as diff_mod
 from replay import explain as explain_mod
+from replay import memory, seek
 from replay import requests as requests_mod
-from replay import seek
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
@@ -41,6 +41,11 @@ EXIT_CORRUPT = 3
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lazy-offload-replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-memory-mib", type=_mib, metavar="MIB",
+                        help="the memory ceiling replay sets for itself, per process "
+                             f"(default: ${memory.ENV_VAR}, else half the machine's or "
+                             f"container's memory, at most {memory.DEFAULT_MAX_MIB}; 0: none); "
+                             "reaching it exits 3")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def log_command(name: str, help_text: str, *, json_flag: bool = True
@@ -112,6 +117,33 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--timeout", type=float, default=0.0,
                          help="stop after S seconds without a record")
     return parser
+
+
+def _mib(text: str) -> int:
+    try:
+        return memory.parse_mib(text, "--max-memory-mib")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _run_bounded(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The command under the memory ceiling (``replay.memory``); reaching it
+    is an error message and exit 3, not a traceback."""
+    try:
+        mib = memory.ceiling_mib(args.max_memory_mib)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    with memory.memory_ceiling(mib) as ceiling:
+        try:
+            with spaced_collections():
+                return int(_COMMANDS[args.command](args, out, err))
+        except MemoryError:
+            pass  # reported below, with the ceiling lifted
+    where = f"replay's ceiling of {ceiling} MiB" if ceiling else "no ceiling replay set"
+    print(f"error: out of memory under {where}: the log needs more than that (a hostile "
+          "or damaged log, or a bigger run than the ceiling allows: set --max-memory-mib "
+          f"or ${memory.ENV_VAR}; 0: none)", file=err)
+    return EXIT_CORRUPT
 
 
 def _tokens(text: str | None) -> tuple[int, int] | None:
@@ -519,8 +551,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     except SystemExit as exit_:
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     try:
-        with spaced_collections():
-            return int(_COMMANDS[args.command](args, out, err))
+        return _run_bounded(args, out, err)
     except UsageError as error:
         print(f"error: {field(error, DETAIL_CHARS_MAX)}", file=err)
         return EXIT_USAGE

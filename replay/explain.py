@@ -64,6 +64,7 @@ from offload_fsm.vocabulary.events import (
     RequestFinished,
     RequestPreempted,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import ADVICE, DROP_WHY, OpStory, OpTracker
@@ -565,8 +566,13 @@ class StepObserver:
         self.verbose = verbose
         self.events: list[dict[str, Any]] = []
         self.after: dict[str, Any] = {}
+        self.passed: tuple[int, int, int] | None = None  # (seq, first, last) of a quiet run
+        self._before = -1  # state.step_index before the event
 
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
+        before, self._before = self._before, state.step_index
+        if type(event) is StepsPassed and before < self.step_index < state.step_index:
+            self.passed = (seq, before + 1, state.step_index)  # the step passed inside it
         if state.step_index != self.step_index:
             return
         self.events.append({
@@ -581,13 +587,19 @@ class StepObserver:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step_index, "found": bool(self.events), "events": self.events,
-                "state_after": self.after}
+        return {"step": self.step_index, "found": bool(self.events) or bool(self.passed),
+                "events": self.events, "state_after": self.after,
+                "passed": None if self.passed is None else list(self.passed)}
 
 
 def format_step(data: dict[str, Any]) -> str:
     if not data["found"]:
         return f"token step {data['step']} is not in the log"
+    if data.get("passed") and not data["events"]:
+        seq, first, last = data["passed"]
+        return (f"token step {data['step']} passed quietly: seq {seq} reported steps {first} "
+                f"to {last} together (StepsPassed), none of them moving anything the core "
+                "watches (no buffered block in the window, no watched block reallocated)")
     lines = [f"token step {data['step']}:"]
     for item in data["events"]:
         lines.append(f"  seq {item['seq']:>8}  {item['event']}")

@@ -169,7 +169,7 @@ def _frames(stream: BinaryIO, start_offset: int, decoder: LogDecoder
             ) -> Iterator[Record | Damage]:
     """The file's frames; from ``start_offset`` after the first (the header).
     The snapshots between go to ``decoder`` unseen: a snapshot's stored keys
-    may be a delta against the one before (``logsnapshot``)."""
+    may be a delta against the one before (``log.snapshot_pack``)."""
     if not start_offset:
         yield from scan_stream(stream)
         return

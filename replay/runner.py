@@ -156,9 +156,8 @@ def spaced_collections() -> Iterator[None]:
     many containers of it). Measured with ``gc.callbacks``, ``verify`` of
     the one-hour ``bench_longrun`` log: at 700, 12,722 collections, 4.1 s of
     43 s; at 20,000, 290 (2 of them full), 2.9-4.3 s of 38-44 s; at 100,000,
-    2, under 1 ms, 34-39 s, at the same peak memory (bench/README.md, stop
-    21). The cycles a fold makes (an op and its request) are dropped whole
-    when the request ends."""
+    2, under 1 ms, 34-39 s, at the same peak memory. The cycles a fold makes
+    (an op and its request) are dropped whole when the request ends."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], YOUNG_COLLECTION_ALLOCATIONS), *before[1:])
     try:

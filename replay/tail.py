@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import HEADER_BYTES, MAX_PAYLOAD_BYTES, Record, scan
+from offload_fsm.log.framing import Record, scan
 from offload_fsm.log.records import (
     PUB_TOPIC,
     Digest,
@@ -68,10 +68,10 @@ def describe(record: LogRecord) -> str:
             f"{record.world_size} file {record.file_index}")
 
 
-# The largest message the SUB socket accepts (``zmq.MAXMSGSIZE``, per part):
-# one frame (the framing's bound on a payload plus its header). libzmq drops a
-# connection that sends a larger one, before allocating it.
-MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + HEADER_BYTES
+# The largest message part the SUB socket accepts (``zmq.MAXMSGSIZE``): the
+# recorder publishes records of 256 KiB at most (``connector.recording``).
+# libzmq drops a connection that sends a larger one, before allocating it.
+MAX_MESSAGE_BYTES = 1 << 20
 ENDPOINT_SCHEMES = ("tcp://", "ipc://")
 
 

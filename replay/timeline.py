@@ -2,7 +2,8 @@
 
 :func:`build_timeline` replays a log and returns a :class:`Timeline`:
 
-* per token step (a ``StepScheduled`` that scheduled tokens, sampled after
+* per token step (a ``StepScheduled`` that scheduled tokens, or a run of
+  them passed in one ``StepsPassed``, sampled after
   the step's answers): the free pool (vLLM's free-queue length after the
   step's allocation), the danger depth (EVICTION_AWARE's window; 0 under
   FIFO), pinned blocks, buffered ops, and the ops submitted and dropped
@@ -50,6 +51,7 @@ from offload_fsm.vocabulary.events import (
     ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import OpStory, OpTracker
@@ -149,12 +151,12 @@ class SeriesObserver:
             else:
                 self.markers_left_out += 1
             return
-        if kind is StepScheduled:
-            if not event.scheduled_tokens:  # type: ignore[union-attr]
+        if kind is StepScheduled or kind is StepsPassed:
+            if kind is StepScheduled and not event.scheduled_tokens:  # type: ignore[union-attr]
                 return
             self.finish()
             self._step = self.last_step = state.step_index
-            self.token_steps += 1
+            self.token_steps += len(event.steps) if kind is StepsPassed else 1  # type: ignore[union-attr]
             self._base = self._last
             self._seconds = self._wall_s
         elif (kind is not HashesRead and kind is not FreeQueueRead) or self._current is None:

@@ -74,10 +74,12 @@ from offload_fsm.vocabulary.events import (
     Event,
     FreeQueueRead,
     HashesRead,
+    PassedStep,
     PrefixCacheReset,
     ReceiptsArrived,
     ShutdownRequested,
     StepScheduled,
+    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.reader import LogDamage, read_log
@@ -243,6 +245,15 @@ class _SyntheticWorld:
                             reallocated=tuple(reallocated.items()))
 
 
+def _scheduled(passed: PassedStep) -> StepScheduled:
+    """A passed step as the ``StepScheduled`` it stands for, its window's ids
+    unknown (the run read none of the original's buffered blocks)."""
+    tokens, allocated, next_blocks, reserve, free, _window, time_s = passed
+    return StepScheduled(scheduled_tokens=tokens, allocated_blocks=allocated,
+                         next_step_blocks=next_blocks, reserve_blocks=reserve,
+                         free_blocks=free, window_block_ids=(), reallocated=(), time_s=time_s)
+
+
 class LogWriter:
     """A synchronous, single-file log of a re-run, laid out as the connector's
     recorder lays out its first file (replay never imports the connector):
@@ -347,6 +358,11 @@ def simulate(
                 world.extra_window = extra
                 feed(world.step_event(event, offered, extra))
                 offered = []
+            elif kind is StepsPassed:
+                assert isinstance(event, StepsPassed)
+                for passed in event.steps:  # the what-if's windows may hold its ops
+                    feed(world.step_event(_scheduled(passed), offered, []))
+                    offered = []
             elif kind is ReceiptsArrived:
                 assert isinstance(event, ReceiptsArrived)
                 receipts = world.receipts(event.failed, all_due=False)

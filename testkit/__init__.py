@@ -2,6 +2,7 @@
 (``tiny_model``), the real LMCache server fixture (``lmcache_server``) and the test
 environment (``env``).
 
-A leaf: nothing of ours imports from here except ``tests``, ``demo`` and ``bench``, and
-this package imports nothing of ours. It never imports ``tests``.
+Nothing of ours imports from here except ``tests``, ``demo`` and ``bench``. It imports
+the core and ``replay`` only where it re-records kept logs (``rerecord``) and edits
+them (``logedit``), and it never imports ``tests``.
 """

@@ -12,8 +12,8 @@ Contract: :func:`install` wraps, for one arm, in place:
   drain) tells a lazy arm's listener before and after (``before_drain``,
   ``after_drain``), and ``request_finished(_all_groups)`` tells every listener
   after (``on_finished``);
-* a lazy manager's ``add_store_candidate`` (the listener's ``on_offered``,
-  after the view counted the offer) and, for LMCache's managers, its
+* a lazy manager's offers (ours: ``offer_chunks``; LMCache's: ``add_store_candidate``;
+  the listener's ``on_offered``, after the view counted the offer) and, for LMCache's managers, its
   ``on_scheduler_step`` and its policy's ``drain``: which ops the policy
   emitted and which of them the step submitted or dropped as stale, which
   LMCache's managers do not count themselves.
@@ -54,7 +54,7 @@ class Listener(Protocol):
     def on_evicted(self, block_id: int, bh_group: Any, block_hash: bytes, gone: bool) -> None:
         ...
 
-    def on_offered(self, meta: Any) -> None:
+    def on_offered(self, req_id: str, start: int, block_ids: list[int]) -> None:
         ...
 
     def before_drain(self) -> None:
@@ -125,18 +125,28 @@ def _hook_evictions(pool: Any, clocks: Clocks, listener: Listener) -> None:
 
 
 def _hook_manager(mgr: Any, view: ManagerView, clocks: Clocks, listener: Listener) -> None:
+    def noted(req_id: str, start: int, block_ids: list[int]) -> None:
+        t0 = time.perf_counter()
+        view.offered += 1
+        listener.on_offered(req_id, start, block_ids)
+        clocks.instr_s += time.perf_counter() - t0
+
+    if view.ours:  # ours is offered by the connector's lazy candidate path
+        orig_offer = mgr.offer_chunks
+
+        def offer_hook(req_id: str, start: int, end: int, groups: Any, source: Any) -> None:
+            orig_offer(req_id, start, end, groups, source)
+            noted(req_id, start, [b for group in groups for b in group])
+
+        mgr.offer_chunks = offer_hook
+        return
     orig_add = mgr.add_store_candidate
 
     def add_hook(meta: Any) -> None:
         orig_add(meta)
-        t0 = time.perf_counter()
-        view.offered += 1
-        listener.on_offered(meta)
-        clocks.instr_s += time.perf_counter() - t0
+        noted(meta.request_id, meta.op.start, meta.op.flat_block_ids)
 
     mgr.add_store_candidate = add_hook
-    if view.ours:
-        return
     orig_step = mgr.on_scheduler_step
 
     def step_hook(so: Any) -> Any:

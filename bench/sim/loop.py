@@ -87,8 +87,8 @@ class Sim:
             self.truth.evicted(bytes(block_hash))
         self.losses.evicted(block_id, bh_group)
 
-    def on_offered(self, meta: Any) -> None:
-        self.losses.offered(meta)
+    def on_offered(self, req_id: str, start: int, block_ids: list[int]) -> None:
+        self.losses.offered(req_id, start, block_ids)
 
     def before_drain(self) -> None:
         self.losses.before_drain()

@@ -120,12 +120,13 @@ class LossAttribution:
         self._pre_ranks: dict[int, int] = {}
         self._walked_all = True
 
-    def offered(self, meta: Any) -> None:
-        """A lazy manager was offered ``meta``: watch its blocks with their content now."""
+    def offered(self, req_id: str, start: int, block_ids: list[int]) -> None:
+        """A lazy manager was offered ``block_ids`` of ``req_id``'s op at
+        ``start``: watch its blocks with their content now."""
         blocks, watch, numbers = self.pool.blocks, self.watch, self.watcher_numbers
         text, after = self.watcher_text, self.watcher_next
-        head = f"{meta.request_id}\x1f{meta.op.start}\x1f"
-        for b in meta.op.flat_block_ids:
+        head = f"{req_id}\x1f{start}\x1f"
+        for b in block_ids:
             number = next(numbers)
             text[number] = head + blocks[b].block_hash.hex()
             before = watch.get(b)

@@ -16,6 +16,8 @@ from typing import Any, Final
 
 import msgpack
 
+from offload_fsm.log.bounds import MAX_BATCH_OBJECTS
+from offload_fsm.log.bounds import unpacker as bounded_unpacker
 from offload_fsm.log.records import BATCH
 from offload_fsm.log.wire import packb
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -58,42 +60,55 @@ class Deflater:
 
 
 class Inflater:
-    """The reader side of :class:`Deflater`: one stream per segment."""
+    """The reader side of :class:`Deflater`: one stream per segment. A batch
+    inflates to at most :data:`MAX_BATCH_BYTES` and decodes to at most
+    ``log.bounds.MAX_BATCH_OBJECTS`` objects; a stream that ends (the
+    writer's never does: each batch ends on a sync flush) is damage, so
+    bytes after its end cannot pass unread."""
 
-    __slots__ = ("_stream", "_raw")
+    __slots__ = ("_stream",)
 
     def __init__(self) -> None:
         self._stream = zlib.decompressobj()
-        self._raw = b""
 
     def reset(self) -> None:
         self._stream = zlib.decompressobj()
 
-    def _inflate(self, data: bytes) -> msgpack.Unpacker:
+    def _inflate(self, data: bytes) -> bytes:
+        stream = self._stream
         try:
-            raw = self._stream.decompress(data, MAX_BATCH_BYTES)
+            raw = stream.decompress(data, MAX_BATCH_BYTES)
         except zlib.error as error:
             raise LogCorrupt(f"batch does not inflate: {error}") from None
-        if self._stream.unconsumed_tail:
+        if stream.unconsumed_tail:
             raise LogCorrupt(f"batch inflates past {MAX_BATCH_BYTES} bytes")
-        unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False,
-                                    max_buffer_size=MAX_BATCH_BYTES)
-        unpacker.feed(raw)
-        self._raw = raw
-        return unpacker
+        if stream.eof:
+            raise LogCorrupt(f"batch ends its segment's zlib stream, with "
+                             f"{len(stream.unused_data)} bytes after the end (a batch "
+                             "ends on a sync flush)")
+        return raw
 
     def items(self, data: bytes) -> list[Any]:
-        """The decoded msgpack items of one batch's ``data``."""
-        unpacker = self._inflate(data)
+        """The decoded msgpack items of one batch's ``data`` (each an array)."""
+        unpacker = bounded_unpacker(self._inflate(data), "a batch", MAX_BATCH_OBJECTS)
+        out = []
         try:
-            return list(unpacker)
+            for item in unpacker:
+                if type(item) is not tuple:
+                    raise LogCorrupt(f"a batch item is a {type(item).__name__}, not a record")
+                out.append(item)
+        except (LogCorrupt, MemoryError):
+            raise
         except Exception as error:  # msgpack raises several unrelated types
             raise LogCorrupt(f"undecodable batch item: {error}") from None
+        return out
 
     def payloads(self, data: bytes) -> list[bytes]:
         """The payloads of one batch's ``data``, not decoded."""
-        unpacker = self._inflate(data)
-        raw, out, at = self._raw, [], 0
+        raw = self._inflate(data)
+        unpacker = msgpack.Unpacker(max_buffer_size=MAX_BATCH_BYTES)
+        unpacker.feed(raw)
+        out, at = [], 0
         try:
             while at < len(raw):
                 unpacker.skip()

@@ -39,7 +39,9 @@ from itertools import compress, count, repeat
 from operator import is_not
 from typing import Any, Final
 
+from offload_fsm.log.bounds import MAX_POOL_BLOCKS, IdAllowance
 from offload_fsm.log.records import INPUTS
+from offload_fsm.log.runs import MIN_COPY, Lists, runs, unruns
 from offload_fsm.log.wire import TO_WIRE, OutcomeWire, packb, recorded_form
 from offload_fsm.vocabulary.commands import ReadHashes
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -48,21 +50,17 @@ from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = [
     "MAX_INDEX_REQUESTS",
-    "Lists",
     "WireContext",
     "encode_compact_inputs",
     "refer",
     "requests_of",
     "resolve",
-    "runs",
-    "unruns",
 ]
 
 MAX_INDEX_REQUESTS: Final[int] = 65536
 """A segment naming more request ids is indexed as "unknown" (the bound on an INDEX)."""
 
 _INT_ONLY: Final = {int}
-_MIN_COPY: Final = 3  # a copy pair costs about as much as three block ids
 _OFFERED, _STEP, _HASHES, _FREE_QUEUE = 2, 3, 7, 8  # event tags with compact forms
 _REQ_FIELD_TAGS: Final = frozenset((1, 2, 4, 5))  # events whose first field is req_id
 
@@ -72,13 +70,14 @@ class WireContext:
     last hash sent per block id and the last offered list holding each block
     id (each bounded by the engine's block pool)."""
 
-    __slots__ = ("window", "hashes", "lists", "intact")
+    __slots__ = ("window", "hashes", "lists", "intact", "allowance")
 
     def __init__(self) -> None:
         self.window: tuple[int, ...] = ()
         self.hashes: dict[int, Any] = {}
         self.lists = Lists()
         self.intact = True
+        self.allowance = IdAllowance()  # the reader's: renewed per payload (``log.decode``)
 
     def reset(self) -> None:
         """A segment starts: nothing is known, and nothing is missing."""
@@ -144,7 +143,7 @@ class WireContext:
                 while j < run and window[i + j] == previous[p + j]:
                     j += 1
                 run = j
-            if run >= _MIN_COPY:
+            if run >= MIN_COPY:
                 out.append((p, run))
             else:
                 out.extend(window[i:i + run])
@@ -159,17 +158,21 @@ class WireContext:
         tag = item[0]
         try:
             if tag == _STEP:
-                window = self._undelta(item[6])
+                window = self._undelta(item[6], "StepScheduled.window_block_ids")
                 pairs = tuple(map(self._unpair, item[7]))
+                self._bound_hashes()
                 return (*item[:6], window, pairs, item[8])
             if tag == _OFFERED:
-                ids, refs = unruns(item[4], self.lists, self.intact), item[5]
+                ids = unruns(item[4], self.lists, self.intact, self.allowance,
+                             "CandidateOffered.block_ids")
+                refs = item[5]
                 if not self.intact and any(value is True for value in refs):
                     raise LogCorrupt("a hash reference into records lost to damage")
-                return (*item[:4], ids, resolve(ids, refs, self.hashes, self._known),
-                        *item[6:])
+                hashes = resolve(ids, refs, self.hashes, self._known)
+                self._bound_hashes()
+                return (*item[:4], ids, hashes, *item[6:])
             if tag == _FREE_QUEUE:
-                return (tag, self._undelta(item[1]))
+                return (tag, self._undelta(item[1], "FreeQueueRead.window_block_ids"))
             if tag == _HASHES:
                 return (tag, item[1], tuple(
                     self._known(v[0]) if type(v) is tuple else v for v in item[2]))
@@ -192,9 +195,17 @@ class WireContext:
         self.hashes[block_id] = value
         return pair
 
-    def _undelta(self, items: tuple[Any, ...]) -> tuple[int, ...]:
+    def _bound_hashes(self) -> None:
+        if len(self.hashes) > MAX_POOL_BLOCKS:
+            raise LogCorrupt(f"the segment sends hashes of {len(self.hashes)} block ids, more "
+                             f"than a block pool holds (at most {MAX_POOL_BLOCKS})")
+
+    def _undelta(self, items: tuple[Any, ...], field: str) -> tuple[int, ...]:
         if not items:
             return ()
+        if len(items) > MAX_POOL_BLOCKS:
+            raise LogCorrupt(f"{field}: {len(items)} items, more than a window holds "
+                             f"(at most {MAX_POOL_BLOCKS})")
         # The common shapes, in C: every id sent, or one copy and then the
         # ids the window's tail gained (the usual step: the window only grows
         # at its tail).
@@ -204,26 +215,36 @@ class WireContext:
                 self.window = items
                 return items
             if type(items[0]) is tuple and len(items[0]) == 2:
-                self.window = window = self._copied(*items[0]) + sent
+                start, length = items[0]
+                self._check_copy(start, length)
+                if sent or length != len(self.window):  # else the copy is the window itself
+                    self.allowance.take(length + len(sent), field)
+                self.window = window = self.window[start:start + length] + sent
                 return window
+        length = 0
+        for item in items:
+            length += 1 if type(item) is int else self._check_copy(*item)
+        self.allowance.take(length, field)
+        previous = self.window
         out: list[int] = []
         for item in items:
             if type(item) is int:
                 out.append(item)
                 continue
             start, length = item
-            out.extend(self._copied(start, length))
+            out.extend(previous[start:start + length])
         self.window = window = tuple(out)
         return window
 
-    def _copied(self, start: int, length: int) -> tuple[int, ...]:
-        previous = self.window
+    def _check_copy(self, start: int, length: int) -> int:
+        """``length`` if ``(start, length)`` copies from the previous window."""
         if not self.intact:
             raise LogCorrupt("a window delta against records lost to damage")
-        if start < 0 or length < 1 or start + length > len(previous):
+        if type(start) is not int or type(length) is not int or start < 0 or length < 1 \
+                or start + length > len(self.window):
             raise LogCorrupt(f"window copy {(start, length)!r} outside the previous window "
-                             f"({len(previous)} blocks)")
-        return previous[start:start + length]
+                             f"({len(self.window)} blocks)")
+        return length
 
 
 def refer(ids: tuple[int, ...], hashes: tuple[Any, ...], table: dict[int, Any]
@@ -268,80 +289,6 @@ def resolve(ids: tuple[int, ...], refs: tuple[Any, ...], table: dict[int, Any],
             table[block_id] = value
         out.append(value)
     return tuple(out)
-
-
-class Lists:
-    """The last of a segment's block lists that held each block id (one
-    entry per block id, all pointing at shared tuples, so learning a list
-    allocates nothing per block; a block's position is found when a run
-    needs it)."""
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: dict[int, tuple[int, ...]] = {}
-
-    def learn(self, ids: tuple[int, ...]) -> None:
-        """Each block of ``ids`` is now last seen there."""
-        self.last.update(zip(ids, repeat(ids)))
-
-
-def runs(ids: tuple[int, ...], lists: Lists) -> tuple[Any, ...]:
-    """``ids`` with each stretch of ``_MIN_COPY`` or more that repeats a list
-    before as ``(first, length)``: ``length`` ids from ``first`` on in the
-    last list that held ``first``; then ``lists`` learns ``ids``."""
-    out: list[Any] = []
-    last = lists.last
-    i, n = 0, len(ids)
-    while i < n:
-        before = last.get(ids[i])
-        if before is not None:
-            p = before.index(ids[i])
-            m = min(n - i, len(before) - p)
-            if ids[i:i + m] != before[p:p + m]:
-                j = 1
-                while ids[i + j] == before[p + j]:
-                    j += 1
-                m = j
-            if m >= _MIN_COPY:
-                out.append((ids[i], m))
-                i += m
-                continue
-        out.append(ids[i])
-        i += 1
-    lists.learn(ids)
-    return ids if len(out) == n else tuple(out)
-
-
-def unruns(items: tuple[Any, ...], lists: Lists, intact: bool = True) -> tuple[int, ...]:
-    """The inverse of :func:`runs`; raises :class:`LogCorrupt` on a run the
-    table cannot resolve, or any run when records before were lost."""
-    if tuple not in map(type, items):  # no runs
-        lists.learn(items)
-        return items
-    if not intact:
-        raise LogCorrupt("a block-id run against records lost to damage")
-    out: list[int] = []
-    last = lists.last
-    for item in items:
-        if type(item) is int:
-            out.append(item)
-            continue
-        block_id, length = item
-        if type(block_id) is not int or type(length) is not int or length < 1:
-            raise LogCorrupt(f"block-id run {item!r}: expected (block id, length >= 1)")
-        before = last.get(block_id)
-        if before is None:
-            raise LogCorrupt(f"block-id run {item!r}: block {block_id} is in no list before")
-        p = before.index(block_id)
-        copied = before[p:p + length]
-        if len(copied) != length:
-            raise LogCorrupt(f"block-id run {item!r}: past the end of the list it copies "
-                             f"({len(before) - p} ids left)")
-        out.extend(copied)
-    ids = tuple(out)
-    lists.learn(ids)
-    return ids
 
 
 def _worth_a_reference(value: Any) -> bool:

@@ -21,10 +21,14 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-import msgpack
-
 from offload_fsm.log.batch import Inflater
+from offload_fsm.log.bounds import (
+    MAX_BATCH_OBJECTS,
+    MAX_SNAPSHOT_OBJECTS,
+    unpackb,
+)
 from offload_fsm.log.compact import WireContext
+from offload_fsm.log.peek import payload_kind
 from offload_fsm.log.records import (
     BATCH,
     DIGEST,
@@ -124,12 +128,14 @@ def _header_version(item: tuple[Any, ...]) -> int:
     return version
 
 
-_unpackb_options: Final = {"raw": False, "use_list": False, "strict_map_key": False}
-
-
 def _unpack(payload: bytes) -> tuple[Any, ...]:
     try:
-        item = msgpack.unpackb(payload, **_unpackb_options)
+        if len(payload) > MAX_BATCH_OBJECTS and payload_kind(payload) == SNAPSHOT:
+            item = unpackb(payload, "a SNAPSHOT record", MAX_SNAPSHOT_OBJECTS)
+        else:
+            item = unpackb(payload, "a record", MAX_BATCH_OBJECTS)
+    except (LogCorrupt, MemoryError):
+        raise
     except Exception as error:  # msgpack raises several unrelated types
         raise LogCorrupt(f"undecodable msgpack: {error}") from None
     return _envelope(item)
@@ -234,8 +240,16 @@ def _inflated_state(data: bytes) -> Any:
     if stream.unconsumed_tail:
         raise LogCorrupt(f"SNAPSHOT state inflates past {bound} bytes "
                          f"({len(data)} deflated)")
+    if not stream.eof:
+        raise LogCorrupt(f"SNAPSHOT state: its zlib stream is cut short ({len(data)} "
+                         "bytes deflated)")
+    if stream.unused_data:
+        raise LogCorrupt(f"SNAPSHOT state: {len(stream.unused_data)} bytes after its zlib "
+                         f"stream ({len(data)} bytes deflated; a state is one stream)")
     try:
-        return msgpack.unpackb(raw, **_unpackb_options)
+        return unpackb(raw, "a SNAPSHOT state", MAX_SNAPSHOT_OBJECTS)
+    except (LogCorrupt, MemoryError):
+        raise
     except Exception as error:  # msgpack raises several unrelated types
         raise LogCorrupt(f"SNAPSHOT state does not decode: {error}") from None
 
@@ -282,9 +296,11 @@ class LogDecoder:
         """The records of one payload: itself, or a BATCH's in order."""
         item = _unpack(payload)
         if item[0] != BATCH or self.schema < 4:
+            self.context.allowance.renew()
             return [self._one(item)]
         if not self.context.intact:
             raise LogCorrupt("a batch after records of its segment were lost")
+        self.context.allowance.renew()
         try:
             (data,) = item[3:]
             inner = self.inflater.items(data)

@@ -7,8 +7,9 @@ record.
 
 * **Batches.** Events are numbered in the order they were applied; one INPUTS
   record carries a batch of them. A batch closes at the end of the callback
-  that observed a ``StepScheduled`` (one scheduler step per record), or once
-  it holds :data:`BATCH_EVENTS` events (:func:`closes_batch`).
+  that observed a ``StepScheduled`` or a ``StepsPassed`` (one scheduler step,
+  or one run of passed steps, per record), or once it holds
+  :data:`BATCH_EVENTS` events (:func:`closes_batch`).
 * **Digests.** The first digest is due after ``digest_every`` events; after
   one at event ``end``, the next is due at least ``digest_every`` events on,
   and at least :data:`DIGEST_EVENTS_PER_LIVE` events per live request and
@@ -22,20 +23,21 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from offload_fsm.state import State
-from offload_fsm.vocabulary.events import StepScheduled
+from offload_fsm.vocabulary.events import StepScheduled, StepsPassed
 
 __all__ = ["BATCH_EVENTS", "DIGEST_EVENTS_PER_LIVE", "closes_batch", "first_digest_seq",
            "next_digest_seq"]
 
 BATCH_EVENTS: Final[int] = 256
 DIGEST_EVENTS_PER_LIVE: Final[int] = 64
+_STEP_TYPES: Final = frozenset((StepScheduled, StepsPassed))
 
 
 def closes_batch(applied: Sequence[tuple[Any, Any]], batch_size: int,
                  batch_events: int = BATCH_EVENTS) -> bool:
     """Whether the batch closes after one callback's ``applied`` (event,
     outcome) pairs were added, leaving it ``batch_size`` events long."""
-    return type(applied[0][0]) is StepScheduled or batch_size >= batch_events
+    return type(applied[0][0]) in _STEP_TYPES or batch_size >= batch_events
 
 
 def first_digest_seq(digest_every: int) -> int:

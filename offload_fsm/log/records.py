@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 6).
+"""Event-log record format: envelopes around pure domain facts (schema 7).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``log.decode`` turns bytes
@@ -67,7 +67,9 @@ references, BATCH) and the INDEX kind; a plain record is a valid compact
 one, so its upcaster is the identity too. Schema 5 added block-id runs in
 ``CandidateOffered`` and compact op records in snapshots; schema 4's forms
 are valid schema 5 forms (the identity again), while a schema 4 reader
-refuses a schema 5 file instead of misreading a run.
+refuses a schema 5 file instead of misreading a run. Schema 6 added the
+VANISHED kind and schema 7 the ``StepsPassed`` event (a run of quiet token
+steps), each the identity for older records.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ __all__ = [
     "encode_snapshot",
 ]
 
-SCHEMA_VERSION: Final[int] = 6
+SCHEMA_VERSION: Final[int] = 7
 
 HEADER: Final[int] = 1
 INPUTS: Final[int] = 2
@@ -167,12 +169,18 @@ def _upcast_v5_v6(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
+def _upcast_v6_v7(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 7 only added the ``StepsPassed`` event, which v6 files never contain."""
+    return item
+
+
 UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     1: _upcast_v1_v2,
     2: _upcast_v2_v3,
     3: _upcast_v3_v4,
     4: _upcast_v4_v5,
     5: _upcast_v5_v6,
+    6: _upcast_v6_v7,
 }
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""

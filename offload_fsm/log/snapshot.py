@@ -53,6 +53,7 @@ from typing import Any, Final
 
 import attrs
 
+from offload_fsm.log.bounds import check_widths
 from offload_fsm.log.snapshot_tables import (
     Decoding,
     Encoding,
@@ -383,12 +384,13 @@ def _from_wire(data: Any, config: OffloadConfig) -> State:
         raise LogCorrupt(f"snapshot: classes {sorted(recorded)}, expected {sorted(_BY_NAME)}")
     for cls in _TOP:
         _RECORDS[cls].plan(recorded[cls.__name__])  # refuses unknown fields up front
+    for cls, table in zip(_SHARED, rows, strict=True):
+        check_widths(cls.__name__, len(recorded[cls.__name__]), table)
     tables = {cls: [object.__new__(cls) for _ in table] for cls, table in
               zip(_SHARED, rows, strict=True)}
     decoding = Decoding(tables, version)
     for cls, table in zip(_SHARED, rows, strict=True):
-        record = _RECORDS[cls]
-        fields = recorded[cls.__name__]
+        record, fields = _RECORDS[cls], recorded[cls.__name__]
         for obj, values in zip(tables[cls], table, strict=True):
             record.fill(obj, values, fields, decoding)
     state: State = object.__new__(State)

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from offload_fsm.log import snapshot
-from offload_fsm.log.compact import Lists, refer, resolve, runs, unruns
+from offload_fsm.log.bounds import IdAllowance
+from offload_fsm.log.compact import refer, resolve
+from offload_fsm.log.runs import Lists, runs, unruns
 from offload_fsm.log.wire import pack_array_header, packb
-from offload_fsm.state import State
+from offload_fsm.state import STORED_KEYS_MAX, State
 from offload_fsm.vocabulary.errors import LogCorrupt
 
 __all__ = ["KeysOf", "LazyState", "compact_snapshot", "expand_snapshot", "op_columns",
@@ -89,6 +91,7 @@ def _compact_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
 def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
     lists = Lists()
     hashes: dict[int, Any] = {}
+    allowance = IdAllowance()
 
     def known(block_id: int) -> Any:
         try:
@@ -98,7 +101,7 @@ def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
                              "named by no op before") from None
 
     def forms(items: tuple[Any, ...], refs: tuple[Any, ...]) -> tuple[Any, Any]:
-        ids = unruns(items, lists)
+        ids = unruns(items, lists, True, allowance, "a snapshot's Op.block_ids")
         return ids, resolve(ids, refs, hashes, known)
 
     return _map_ops(wire, forms)
@@ -181,6 +184,10 @@ def expand_snapshot(wire: Any, previous: tuple[Any, ...] | None
         front, tail = keys["front"], keys["tail"]
         if not 0 <= front <= len(previous):
             raise LogCorrupt(f"a snapshot's keys drop {front} of {len(previous)}")
+        if len(previous) - front + len(tail) > STORED_KEYS_MAX:
+            raise LogCorrupt(f"a snapshot's stored keys: {len(previous) - front} kept and "
+                             f"{len(tail)} added, more than a state holds (at most "
+                             f"{STORED_KEYS_MAX})")
         keys = (*previous[front:], *tail)
         return (*wire[:2], (*body[:at], keys, *body[at + 1:]), *wire[3:]), keys
     except (KeyError, IndexError, TypeError, ValueError) as error:

@@ -63,27 +63,57 @@ from offload_fsm.vocabulary.commands import ReadFreeQueue
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.decisions import OpsShielded, SelectReason, ShieldLifted
 from offload_fsm.vocabulary.errors import InvalidEvent
-from offload_fsm.vocabulary.events import FreeQueueRead, RequestFinished, StepScheduled
+from offload_fsm.vocabulary.events import (
+    FreeQueueRead,
+    RequestFinished,
+    StepScheduled,
+    StepsPassed,
+)
 
 
 def window_depth(
-    state: State, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int
+    state: State, scheduled_tokens: int, allocated_blocks: int, next_step_blocks: int,
+    ema_blocks: float | None,
 ) -> int:
-    """The danger depth after this step's EMA update; 0 for empty steps and
-    when no buffered op covers any block (then no rank can matter)."""
+    """The danger depth after this step's update of the allocation EMA
+    (``ema_blocks`` before it); 0 for empty steps and when no buffered op
+    covers any block (then no rank can matter)."""
     if scheduled_tokens == 0 or not state.owners:
         return 0
-    ema = next_ema(state.ema_blocks, allocated_blocks)
+    ema = next_ema(ema_blocks, allocated_blocks)
     return danger_depth(ema, next_step_blocks, state.config.horizon_steps)
 
 
-def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
-    state.ema_blocks = next_ema(state.ema_blocks, event.allocated_blocks)
-    state.peak_blocks = next_peak(state.peak_blocks, event.allocated_blocks)
+def _advance(state: State, allocated_blocks: int, next_step_blocks: int,
+             window_blocks: int) -> None:
+    """A token step's allocation EMA, decaying peak, danger depth and window
+    count: what every token step updates, passed or planned."""
+    state.ema_blocks = next_ema(state.ema_blocks, allocated_blocks)
+    state.peak_blocks = next_peak(state.peak_blocks, allocated_blocks)
     state.depth_blocks = danger_depth(
-        state.ema_blocks, event.next_step_blocks, state.config.horizon_steps
+        state.ema_blocks, next_step_blocks, state.config.horizon_steps
     )
-    state.counters[Counter.WINDOW_BLOCKS_READ] += len(event.window_block_ids)
+    state.counters[Counter.WINDOW_BLOCKS_READ] += window_blocks
+
+
+def _passed_step(state: State, allocated_blocks: int, next_step_blocks: int,
+                 free_blocks: int, window_blocks: int) -> None:
+    """A passed token step (``StepsPassed``): the shared update, and what the
+    log can check of the shell's claim that it moved nothing: the window's
+    length is the one a ``StepScheduled`` would have had, and no op fell
+    overdue."""
+    _advance(state, allocated_blocks, next_step_blocks, window_blocks)
+    expected = min(state.depth_blocks if state.owners else 0, free_blocks)
+    if window_blocks != expected:
+        raise InvalidEvent(StepsPassed.TAG, None,
+                           f"a passed step read {window_blocks} window blocks, expected "
+                           f"{expected} (min of the danger depth and the free-queue length)")
+    if pop_overdue(state):
+        raise InvalidEvent(StepsPassed.TAG, None, "a passed step with an overdue op")
+
+
+def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
+    _advance(state, event.allocated_blocks, event.next_step_blocks, len(event.window_block_ids))
     blockindex.apply_reallocations(state, event.reallocated, scope)
     overdue = pop_overdue(state)
     window, owners = event.window_block_ids, state.owners
@@ -234,6 +264,7 @@ HOOKS = PolicyHooks(
     unbuffered=blockindex.unindex,
     all_unbuffered=blockindex.unindex_all,
     token_step=_token_step,
+    passed_step=_passed_step,
     empty_step=_lift_shields,
     finished=_shield,
     selecting=_selecting,

@@ -18,7 +18,8 @@ from offload_fsm.rules.plan import NO_PLAN, Pick, Plan
 from offload_fsm.rules.scope import PolicyHooks, Scope
 from offload_fsm.state import Op, RequestState, State
 from offload_fsm.vocabulary.decisions import SelectReason
-from offload_fsm.vocabulary.events import RequestFinished, StepScheduled
+from offload_fsm.vocabulary.errors import InvalidEvent
+from offload_fsm.vocabulary.events import RequestFinished, StepScheduled, StepsPassed
 
 
 def plan_fifo(state: State) -> Plan:
@@ -40,8 +41,15 @@ def _token_step(state: State, event: StepScheduled, scope: Scope) -> None:
     apply_plan(state, plan_fifo(state), scope)
 
 
-def _no_window(state: State, scheduled_tokens: int, allocated: int, next_blocks: int) -> int:
+def _no_window(state: State, scheduled_tokens: int, allocated: int, next_blocks: int,
+               ema_blocks: float | None) -> int:
     return 0
+
+
+def _never_passes(state: State, allocated: int, next_blocks: int, free: int,
+                  window: int) -> None:
+    """FIFO's token step is its threshold rule: the shell never passes one."""
+    raise InvalidEvent(StepsPassed.TAG, None, "FIFO takes every token step as StepScheduled")
 
 
 def _never_stored(state: State, op: Op) -> bool:
@@ -85,6 +93,7 @@ HOOKS = PolicyHooks(
     unbuffered=_nothing_unbuffered,
     all_unbuffered=_nothing_all_unbuffered,
     token_step=_token_step,
+    passed_step=_never_passes,
     empty_step=_nothing_on_empty,
     finished=_nothing_finished,
     selecting=_all_selected,

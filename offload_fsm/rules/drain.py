@@ -51,28 +51,67 @@ from offload_fsm.vocabulary.decisions import (
     StoreSubmitted,
 )
 from offload_fsm.vocabulary.errors import InvalidEvent
-from offload_fsm.vocabulary.events import HashesRead, ReceiptsArrived, StepScheduled
+from offload_fsm.vocabulary.events import (
+    MAX_STEPS_PASSED,
+    HashesRead,
+    ReceiptsArrived,
+    StepScheduled,
+    StepsPassed,
+)
 
 
 def on_step(state: State, event: StepScheduled, scope: Scope) -> None:
     _check_step(state, event, scope)
     if state.config.receipt_lease_s > 0 and state.batches:
         expire_leases(state, event.time_s, scope)
-    counters = state.counters
     state.selected_in_step = 0
     if event.scheduled_tokens == 0:
         state.last_step_tokens = 0
-        counters[Counter.EMPTY_STEPS] += 1
+        state.counters[Counter.EMPTY_STEPS] += 1
         scope.hooks.empty_step(state, scope)
         return
-    state.last_step_tokens = event.scheduled_tokens
-    counters[Counter.TOKEN_STEPS] += 1
-    state.step_index += 1
-    state.time_s = event.time_s
-    state.free_blocks = event.free_blocks
-    state.next_step_blocks = event.next_step_blocks
-    state.reserve_blocks = event.reserve_blocks
+    _advance(state, event.scheduled_tokens, event.time_s, event.free_blocks,
+             event.next_step_blocks, event.reserve_blocks)
     scope.hooks.token_step(state, event, scope)
+
+
+def on_steps_passed(state: State, event: StepsPassed, scope: Scope) -> None:
+    """Each passed token step, in order, as :func:`on_step` takes a token
+    step that selects nothing (``StepsPassed``): checked, then the shared
+    bookkeeping and the policy's ``passed_step``."""
+    tag = event.TAG
+    if not 0 < len(event.steps) <= MAX_STEPS_PASSED:
+        raise InvalidEvent(tag, None, f"{len(event.steps)} passed steps; expected 1 to "
+                           f"{MAX_STEPS_PASSED}")
+    lease_s = state.config.receipt_lease_s
+    for passed in event.steps:
+        if len(passed) != 7:
+            raise InvalidEvent(tag, None, f"a passed step of {len(passed)} fields, expected 7")
+        tokens, allocated, next_blocks, reserve, free, window, time_s = passed
+        if min(allocated, next_blocks, reserve, free, window) < 0 or tokens <= 0:
+            raise InvalidEvent(tag, None, f"a passed step with a count out of range: {passed}")
+        if time_s < state.time_s:
+            raise InvalidEvent(tag, None, f"time went back from {state.time_s} to {time_s}")
+        if state.shielded:
+            raise InvalidEvent(tag, None, "a passed step while ops are shielded")
+        if lease_s > 0 and state.batches and \
+                time_s - next(iter(state.batches.values())).selected_time_s >= lease_s:
+            raise InvalidEvent(tag, None, "a passed step at which a receipt lease ended")
+        state.selected_in_step = 0
+        _advance(state, tokens, time_s, free, next_blocks, reserve)
+        scope.hooks.passed_step(state, allocated, next_blocks, free, window)
+
+
+def _advance(state: State, tokens: int, time_s: float, free_blocks: int,
+             next_step_blocks: int, reserve_blocks: int) -> None:
+    """What every token step records, planned or passed."""
+    state.last_step_tokens = tokens
+    state.counters[Counter.TOKEN_STEPS] += 1
+    state.step_index += 1
+    state.time_s = time_s
+    state.free_blocks = free_blocks
+    state.next_step_blocks = next_step_blocks
+    state.reserve_blocks = reserve_blocks
 
 
 def _check_step(state: State, event: StepScheduled, scope: Scope) -> None:
@@ -87,7 +126,8 @@ def _check_step(state: State, event: StepScheduled, scope: Scope) -> None:
             raise InvalidEvent(tag, None, "an empty step carries a window or reallocations")
         return
     depth = scope.hooks.window_depth(
-        state, event.scheduled_tokens, event.allocated_blocks, event.next_step_blocks
+        state, event.scheduled_tokens, event.allocated_blocks, event.next_step_blocks,
+        state.ema_blocks,
     )
     expected = min(depth, event.free_blocks)
     if len(event.window_block_ids) != expected:

@@ -38,8 +38,9 @@ class Scope:
 @attrs.frozen(kw_only=True)
 class PolicyHooks:
     # Query: free-queue blocks the shell must read into this StepScheduled
-    # (scheduled_tokens, allocated_blocks, next_step_blocks) -> blocks.
-    window_depth: Callable[[State, int, int, int], int]
+    # (scheduled_tokens, allocated_blocks, next_step_blocks, the allocation
+    # EMA before the step) -> blocks.
+    window_depth: Callable[[State, int, int, int, float | None], int]
     # Admission: reject an offered op whose content is all stored already.
     already_stored: Callable[[State, Op], bool]
     # An op entered its request's buffer.
@@ -50,6 +51,10 @@ class PolicyHooks:
     all_unbuffered: Callable[[State], None]
     # A step with scheduled tokens, after the shared bookkeeping: plan a drain.
     token_step: Callable[[State, StepScheduled, Scope], None]
+    # A passed token step (``StepsPassed``), after the shared bookkeeping:
+    # (allocated_blocks, next_step_blocks, free_blocks, window_blocks); it
+    # plans nothing, and raises ``InvalidEvent`` where the policy cannot pass.
+    passed_step: Callable[[State, int, int, int, int], None]
     # A step with no scheduled tokens.
     empty_step: Callable[[State, Scope], None]
     # A request with buffered ops finished (before its ready/end bookkeeping).

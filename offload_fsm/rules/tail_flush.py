@@ -54,7 +54,7 @@ from offload_fsm.vocabulary.decisions import (
     TailFlushed,
 )
 from offload_fsm.vocabulary.errors import InvalidEvent
-from offload_fsm.vocabulary.events import ShutdownBegan, StepScheduled
+from offload_fsm.vocabulary.events import ShutdownBegan, StepScheduled, StepsPassed
 
 _TRIGGERS = {
     FlushTrigger.IDLE: (SelectReason.IDLE_FLUSH, Counter.IDLE_FLUSH_TOKENS),
@@ -86,6 +86,15 @@ def on_step(state: State, event: StepScheduled, scope: Scope) -> None:
     limit = state.config.idle_flush_steps
     if limit and state.idle_steps >= limit:
         _flush(state, FlushTrigger.IDLE, event.time_s, scope)
+
+
+def on_steps_passed(state: State, event: StepsPassed, scope: Scope) -> None:
+    """Passed token steps (``drain.on_steps_passed``): each ends an idle run,
+    as a token step does."""
+    drain.on_steps_passed(state, event, scope)
+    state.flushed_in_step = 0
+    if flush_on(state):
+        state.idle_steps = 0
 
 
 def on_shutdown_began(state: State, event: ShutdownBegan, scope: Scope) -> None:

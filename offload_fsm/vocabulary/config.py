@@ -22,7 +22,7 @@ key                                            default           allowed
 ``lmcache.mp.lazy_offload_log_dir``            see connector     path string or ``""`` (off)
 ``lmcache.mp.lazy_offload_log_pub_endpoint``   ``""`` (off)      loopback tcp:// or ipc://
 ``lmcache.mp.lazy_offload_log_pub_allow_remote`` ``false``       JSON boolean (any address)
-``lmcache.mp.lazy_offload_log_budget_mib``     ``64``            finite number > 0
+``lmcache.mp.lazy_offload_log_budget_mib``     ``64``            finite number >= 4 (snapshot)
 ``lmcache.mp.lazy_offload_receipt_lease_s``     ``300``           finite number >= 0 (0: no lease)
 ``lmcache.mp.lazy_offload_log_max_total_mib``  ``1024``          finite number > 0 (log dir total)
 ``lmcache.mp.lazy_offload_log_max_file_mib``   ``64``            finite number > 0, <= total
@@ -143,6 +143,7 @@ class ShellConfig:
     log_max_file_mib: float = 64.0
     # The bytes of events handed to the recorder process and not yet taken
     # in, on the engine's side; and what the recorder's writer may queue.
+    # At least LOG_BUDGET_MIN_MIB: a snapshot of a full state must fit.
     log_budget_mib: float = 64.0
     # The live stream binds loopback or ipc:// only, unless this says otherwise.
     log_pub_allow_remote: bool = False
@@ -250,6 +251,20 @@ def _at_least(minimum: float, *, inclusive: bool) -> Callable[[str, object], flo
     return lambda key, value: _finite_float(key, value, minimum=minimum, inclusive=inclusive)
 
 
+# The hand-off budget's floor: a snapshot of a full stored-key memory
+# (STORED_KEYS_MAX keys) is 2.25 MiB, and a START that ends an outage must fit.
+LOG_BUDGET_MIN_MIB: Final = 4.0
+
+
+def _log_budget(key: str, value: object) -> float:
+    allowed = (f"a finite number >= {LOG_BUDGET_MIN_MIB:g} (MiB; a snapshot of a full state, "
+               "up to 2.25 MiB, must fit)")
+    try:
+        return _finite_float(key, value, minimum=LOG_BUDGET_MIN_MIB, inclusive=True)
+    except ConfigError:
+        raise ConfigError(key, value, allowed) from None
+
+
 # Every key: the record that holds it ("offload": the core's OffloadConfig,
 # "shell": the connector's ShellConfig), its field, and its parser. The order
 # is the log header's.
@@ -274,7 +289,7 @@ _KEYS: Final[dict[str, tuple[str, str, Callable[[str, object], object]]]] = {
     f"{PREFIX}_cascade_lookahead_blocks": (
         "offload", "cascade_lookahead_blocks",
         lambda k, v: _integer(k, v, minimum=0, allowed="an integer >= 0 (0: read once a round)")),
-    f"{PREFIX}_log_budget_mib": ("shell", "log_budget_mib", _at_least(0.0, inclusive=False)),
+    f"{PREFIX}_log_budget_mib": ("shell", "log_budget_mib", _log_budget),
     f"{PREFIX}_log_pub_allow_remote": ("shell", "log_pub_allow_remote", _bool),
 }
 

@@ -22,7 +22,7 @@ Two kinds of event:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import attrs
 
@@ -191,6 +191,38 @@ class ShutdownBegan:
     time_s: float
 
 
+PassedStep = tuple[int, int, int, int, int, int, float]
+"""One passed token step: ``(scheduled_tokens, allocated_blocks,
+next_step_blocks, reserve_blocks, free_blocks, window_blocks, time_s)``, the
+fields of its ``StepScheduled`` with the window's length for its ids."""
+
+
+@attrs.frozen(kw_only=True)
+class StepsPassed:
+    """Token steps that moved nothing the core watches, reported together,
+    in order, before the shell's next other event. Source:
+    ``build_connector_meta`` under EVICTION_AWARE, for each step the shell
+    found quiet (``queries.step_passes``): no buffered block in its window,
+    no watched block reallocated, nothing shielded, overdue or in flight
+    under a lease. The core folds each as it would the ``StepScheduled``
+    (allocation EMA, peak, danger depth, counters, time) and checks what the
+    log can check: the window's length, no shield, no overdue op.
+
+    Fields:
+      steps: one :data:`PassedStep` per token step, oldest first; at most
+        ``MAX_STEPS_PASSED``.
+    """
+
+    TAG: ClassVar[int] = 13
+    steps: tuple[PassedStep, ...]
+
+
+MAX_STEPS_PASSED: Final[int] = 64
+"""The most token steps one ``StepsPassed`` carries (the shell's run of
+quiet steps is reported when it reaches this, so the core's step count lags
+the engine's by fewer steps)."""
+
+
 Event = (
     RequestArrived
     | CandidateOffered
@@ -204,6 +236,7 @@ Event = (
     | ShutdownRequested
     | ChunksMissing
     | ShutdownBegan
+    | StepsPassed
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -219,6 +252,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ShutdownRequested,
     ChunksMissing,
     ShutdownBegan,
+    StepsPassed,
 )
 # Answers report a command's result; every other event is an observation.
 ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)

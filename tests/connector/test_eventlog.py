@@ -489,7 +489,8 @@ def test_a_writer_that_takes_over_a_prefix_goes_on_after_its_files(tmp_path: Pat
 
 def test_logs_are_the_owners_alone(tmp_path: Path) -> None:
     """A new directory is 0700 and each file 0600; an existing directory
-    open to others is closed to them, a stricter one kept as it is."""
+    open to others is left as it is (shared on purpose: its group's access,
+    its setgid bit), with one warning; a stricter one is kept as it is."""
     import stat
 
     fresh = tmp_path / "fresh" / "logs"
@@ -499,10 +500,16 @@ def test_logs_are_the_owners_alone(tmp_path: Path) -> None:
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
     assert stat.S_IMODE(w.files[0].stat().st_mode) == 0o600
     shared = tmp_path / "shared"
-    shared.mkdir(mode=0o755)
-    shared.chmod(0o755)
-    _writer(shared).close()
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    shared.mkdir()
+    shared.chmod(0o2770)
+    warnings = Warnings()
+    w = _writer(shared, warnings)
+    w.append({"i": 0})
+    assert w.close()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o2770
+    assert stat.S_IMODE(w.files[0].stat().st_mode) == 0o600
+    (said,) = warnings.messages
+    assert f"{shared} is open to others (mode 2770); it is left as it is" in said
     strict = tmp_path / "strict"
     strict.mkdir()
     strict.chmod(0o300)  # stricter than 0700 (the owner may not list it): kept

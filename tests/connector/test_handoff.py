@@ -5,14 +5,33 @@ waits. The real recorder process is in ``test_recorder_process.py``."""
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
+import time
+import weakref
 from typing import Any
 
+import attrs
 import pytest
 
-from connector.handoff import ACK, END, RESYNC, START, STEP, Handoff, state_summary
+from connector.handoff import (
+    ACK,
+    END,
+    FAILED,
+    PROTOCOL,
+    RESYNC,
+    START,
+    STEP,
+    Handoff,
+    state_summary,
+)
+from connector.handoff import _flush_when_idle as module_flush_when_idle
+from offload_fsm import drive, new_state
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.events import StepScheduled
 
 
 class FakeLink:
@@ -72,7 +91,8 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
 
     return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
                    wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
-                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False)
+                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False,
+                   idle_flush=False)
 
 
 def _events(messages: list[Any]) -> int:
@@ -89,7 +109,7 @@ def test_every_event_is_handed_over_in_order_with_its_check() -> None:
     handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
     world = run_workload(requests=40, seed=1, sink=handoff.record)
     handoff.close(world.state)
-    assert link.messages[0] == (START, 0, 0.0, 0, None)
+    assert link.messages[0] == (START, 0, 0.0, 0, None, PROTOCOL)
     steps = [m for m in link.messages if m[0] == STEP]
     seq = 0
     for message in steps:
@@ -111,7 +131,9 @@ def test_the_bytes_in_flight_never_pass_the_budget_and_an_outage_warns_once() ->
     world = run_workload(requests=40, seed=1, sink=handoff.record)
     assert handoff.stats.bytes_in_flight_max <= 4096
     assert link.bytes <= 4096
-    assert len(warnings) == 1 and "budget (4096 bytes) is full" in warnings[0]
+    assert "budget (4096 bytes) is full" in warnings[0]
+    # The only other: no snapshot fits 4096 bytes (said once, with the key).
+    assert len(warnings) == 2 and "lazy_offload_log_budget_mib to at least 4" in warnings[1]
     assert handoff.events_lost == len(world.applied) - _events(link.messages)
     assert not handoff.recorder_up
 
@@ -131,7 +153,7 @@ def test_acknowledged_room_ends_the_outage_with_the_lost_count_and_a_snapshot() 
     world = run_workload(requests=100, seed=1, sink=sink)
     starts = [m for m in link.messages if m[0] == START]
     assert len(starts) == 2
-    _, seq, _, lost, packed = starts[1]
+    _, seq, _, lost, packed, _ = starts[1]
     assert lost > 0 and packed is not None
     restored = snapshot.from_wire(unpackb(packed), default_config())
     assert restored.step_index <= world.state.step_index
@@ -260,7 +282,7 @@ def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, Pi
             "digest_every": 50}
     link = PipedLink(lambda reply: Recorder(spec, lambda message: reply(unpackb(message))))
     handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50, flush_every_s=0.0,
-                      warn=lambda message: None, register_atexit=False)
+                      warn=lambda message: None, register_atexit=False, idle_flush=False)
     return handoff, link
 
 
@@ -318,9 +340,386 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     link = Counting()
     clock = Clock()
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
-                      flush_every_s=0.01, register_atexit=False)
+                      flush_every_s=0.01, register_atexit=False, idle_flush=False)
     world = run_workload(requests=20, seed=1, sink=handoff.record)
     steps = len([m for m in link.messages if m[0] == STEP])
     assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
     handoff.close(world.state)
     assert flushes[0] <= 3 and link.messages[-1][0] == END
+
+
+# --------------------------------------------------------------------------
+# Backoff that holds (issue 38): counted over simulated minutes, not timed.
+
+
+class DyingLink(FakeLink):
+    """A recorder that dies on every START: after a FAILED reply when
+    ``failure`` is given (it could not open its log), else without a word."""
+
+    def __init__(self, failure: tuple[str, str] | None) -> None:
+        super().__init__()
+        self.failure = failure
+
+    def send(self, message: bytes) -> bool:
+        super().send(message)
+        if self.messages[-1][0] == START:
+            if self.failure is not None:
+                self.pending.append((FAILED, *self.failure))
+            self.code = 3 if self.failure is not None else 1
+        return True
+
+
+def _simulated(handoff: Handoff, clock: Clock, minutes: float, tick_s: float = 0.1,
+               state: Any = None, each: Any = None) -> None:
+    """Idle scheduler steps, one per ``tick_s`` of the fake clock."""
+    if state is None:
+        state = new_state(default_config(), world_size=2)
+    step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
+                         reserve_blocks=0, free_blocks=100, window_block_ids=(),
+                         reallocated=(), time_s=0.0)
+    for _ in range(round(minutes * 60 / tick_s)):
+        clock.now += tick_s
+        if each is not None:
+            each()
+        event = attrs.evolve(step, time_s=state.time_s + tick_s)
+        handoff.record(drive(state, event, lambda c: None), state)
+
+
+@pytest.mark.parametrize("failure", [None, ("EROFS", "the log directory /x cannot be "
+                                             "written (Read-only file system); remount it")])
+def test_a_recorder_that_dies_on_every_start_is_not_a_storm(
+        failure: tuple[str, str] | None) -> None:
+    """The backoff returns to its minimum only when a START is acknowledged:
+    over five simulated minutes a recorder that dies on each START is
+    started about log2(60) + 5 times (not every 1.5 s), with one warning."""
+    clock = Clock()
+    links: list[DyingLink] = []
+    warnings: list[str] = []
+
+    def launch() -> DyingLink:
+        links.append(DyingLink(failure))
+        return links[-1]
+
+    handoff = Handoff(launch, budget_bytes=1 << 30, warn=warnings.append, clock=clock,
+                      wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 60.0),
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    _simulated(handoff, clock, minutes=5)
+    # Deaths at about 0, 1, 3, 7, 15, 31, 63, 123, 183, 243 s: ten starts.
+    assert len(links) <= 11, len(links)
+    assert len(warnings) == 1, warnings
+    if failure is not None:
+        assert "cannot record: the log directory /x cannot be written" in warnings[0]
+        assert "remount it" in warnings[0]
+    else:
+        assert "exited (code 1)" in warnings[0]
+
+
+def test_a_persistent_resync_is_answered_with_backoff() -> None:
+    """A recorder whose fold disagrees after every snapshot: each START (a
+    snapshot on the scheduler thread, a new file) doubles the wait for the
+    next, up to a minute; not one every half second."""
+    clock = Clock()
+
+    class Mismatched(FakeLink):
+        def send(self, message: bytes) -> bool:
+            super().send(message)
+            self.ack()
+            if self.messages[-1][0] == START and self.messages[-1][4] is not None:
+                self.pending.append((RESYNC,))
+            return True
+
+    link = Mismatched()
+    link.pending.append((RESYNC,))
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
+                      wall_clock=lambda: 0.0, liveness_every_s=0.5, backoff_s=(1.0, 60.0),
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    _simulated(handoff, clock, minutes=5)
+    starts = [m for m in link.messages if m[0] == START and m[4] is not None]
+    assert 5 <= len(starts) <= 11, len(starts)
+    assert handoff.events_lost == 0
+
+
+def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outage cannot end while the snapshot does not fit: one warning
+    naming the setting and the bytes needed, and the state is packed again
+    only with the doubling backoff, not at every liveness check."""
+    import connector.handoff as module
+
+    packs = [0]
+    to_wire = module.snapshot.to_wire
+
+    def counted(state: Any) -> Any:
+        packs[0] += 1
+        return to_wire(state)
+
+    monkeypatch.setattr(module.snapshot, "to_wire", counted)
+    clock = Clock()
+    first, second = FakeLink(), FakeLink()
+    warnings: list[str] = []
+    busy: list[Any] = []  # a state mid-run, whose snapshot is a few KiB
+
+    def keep(applied: Any, state: Any) -> None:
+        if len(state.stored_keys) > 20 and state.requests and not busy:
+            busy.append(snapshot.from_wire(unpackb(packb(snapshot.to_wire(state))),
+                                           default_config()))
+
+    run_workload(requests=60, seed=1, sink=keep)
+    assert len(packb(snapshot.to_wire(busy[0]))) > 2048
+    links = [first, second]
+    handoff = Handoff(lambda: links.pop(0), budget_bytes=2048, warn=warnings.append,
+                      clock=clock, wall_clock=lambda: 0.0, liveness_every_s=0.0,
+                      backoff_s=(1.0, 60.0), flush_every_s=0.0, register_atexit=False,
+                      idle_flush=False)
+    first.code = -9
+    packs[0] = 0
+    _simulated(handoff, clock, minutes=5, state=busy[0], each=second.ack)
+    snapshot_warnings = [w for w in warnings if "snapshot needs" in w]
+    assert len(snapshot_warnings) == 1
+    assert "lmcache.mp.lazy_offload_log_budget_mib to at least 4" in snapshot_warnings[0]
+    # Tried at about 1, 3, 7, 15, 31, 63, 123, 183, 243 s.
+    assert packs[0] <= 10, packs[0]
+    assert not handoff.recorder_up
+
+
+def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
+    """The last steps before the engine goes quiet reach ZeroMQ within about
+    ``flush_every_s``, without another call from the engine."""
+    flushed = threading.Event()
+
+    class Watched(FakeLink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushes = 0
+
+        def flush(self) -> bool:
+            self.flushes += 1
+            if self.flushes > 2:
+                flushed.set()
+            return True
+
+    link = Watched()
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=3600.0, register_atexit=False, idle_flush=False)
+    assert link.flushes == 1  # the START
+    state = new_state(default_config(), world_size=2)
+    step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
+                         reserve_blocks=0, free_blocks=100, window_block_ids=(),
+                         reallocated=(), time_s=0.0)
+    handoff.record(drive(state, step, lambda c: None), state)  # due: handed over
+    step = attrs.evolve(step, time_s=1.0)
+    handoff.record(drive(state, step, lambda c: None), state)  # within the hour: held
+    assert link.flushes == 2 and handoff._open_first is not None
+    handoff._flush_every_s = 0.01  # the engine is idle from here on
+    threading.Thread(target=module_flush_when_idle, args=(weakref.ref(handoff), 0.01),
+                     daemon=True).start()
+    assert flushed.wait(10.0), "the idle engine's last step was never handed over"
+    assert handoff._frames and handoff._open_first is None
+
+
+def _unpacked_into(replies: list[Any], message: bytes) -> None:
+    replies.append(unpackb(message))
+
+
+def test_a_recorder_refuses_an_engine_of_another_protocol_once(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An upgrade installed under a running engine: the new recorder gets a
+    START of another protocol version and refuses it (FAILED, which the
+    engine warns about once). An engine from before the handshake does not
+    read FAILED: the recorder says it on stderr itself, once per engine."""
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    spec = {"directory": str(tmp_path / "logs"), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 20, "max_total_bytes": None, "budget_bytes": 1 << 26,
+            "endpoint": f"ipc://{tmp_path}/recorder-0.sock"}
+    for start in [(START, 0, 0.0, 0, None, PROTOCOL + 1), (START, 0, 0.0, 0, None),
+                  (START, 0, 0.0, 0, None)]:
+        replies: list[Any] = []
+        recorder = Recorder(spec, functools.partial(_unpacked_into, replies))
+        with caplog.at_level("WARNING", logger="connector.recorder"):
+            recorder.handle(packb(start))
+        assert recorder.done and recorder.failed and recorder.recorder is None
+        ((kind, cause, why),) = replies
+        assert (kind, cause) == (FAILED, "protocol") and "restart vLLM" in why
+    said = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
+    assert len(said) == 1 and "one from before version 2" in said[0]
+    assert not (tmp_path / "logs").exists()  # nothing written for a refused engine
+
+
+def test_a_failure_inside_the_hand_off_is_an_outage_not_an_exception() -> None:
+    """The hand-off's own failure (here the socket's send raising) never
+    reaches the caller: the events are counted as lost, one warning per
+    kind of error, and recording resumes when the failure stops."""
+    class Raising(FakeLink):
+        broken = False
+
+        def send(self, message: bytes) -> bool:
+            if self.broken:
+                raise RuntimeError("socket gone mad")
+            return super().send(message)
+
+    link = Raising()
+    warnings: list[str] = []
+    handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
+    calls = [0]
+
+    def sink(applied: Any, state: Any) -> None:
+        calls[0] += 1
+        link.broken = 100 <= calls[0] < 200
+        link.ack()
+        handoff.record(applied, state)
+
+    world = run_workload(requests=60, seed=4, sink=sink)
+    handoff.close(world.state)
+    assert len(warnings) == 1 and "the hand-off failed (RuntimeError('socket gone mad'))" \
+        in warnings[0]
+    starts = [m for m in link.messages if m[0] == START]
+    assert len(starts) == 2 and starts[1][3] > 0  # resumed with the loss counted
+    assert handoff.stats.events_lost == starts[1][3] and handoff.stats.outages == 1
+    assert link.messages[-1][0] == END and link.messages[-1][1] == len(world.applied)
+
+
+def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
+        tmp_path: Any) -> None:
+    """What the recorder queues for its writer are Python objects, 10-15
+    times their wire bytes: the queue's bound weighs them so. Measured: the
+    memory freed when a stalled writer's queue drains is within the weight
+    the bound counted for it."""
+    import gc
+    import tracemalloc
+
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    link = FakeLink()
+    sent: list[bytes] = []
+    take = link.send
+
+    def keep(message: bytes) -> bool:
+        sent.append(message)
+        return take(message)
+
+    link.send = keep  # type: ignore[method-assign]
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    world = run_workload(requests=200, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 1 << 30}
+    recorder = Recorder(spec, lambda message: None)
+    recorder.handle(sent[0])  # START
+    writer = recorder.recorder.writer  # type: ignore[union-attr]
+    held = threading.Event()
+    release = threading.Event()
+    encode = writer._encode
+
+    def stalled(item: Any) -> bytes:  # the writer thread, stuck on its disk
+        held.set()
+        release.wait(30.0)
+        return encode(item)
+
+    writer._encode = stalled  # type: ignore[method-assign]
+    recorder.handle(sent[1])
+    assert held.wait(10.0)
+    tracemalloc.start()
+    try:
+        for message in sent[2:-1]:
+            recorder.handle(message)
+        weighed = writer._bytes_in - writer._bytes_out
+        queued = writer.queue_len
+        full = tracemalloc.take_snapshot()
+        writer._encode = encode  # type: ignore[method-assign]
+        release.set()
+        deadline = time.monotonic() + 30.0
+        while writer.queue_len and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+        drained = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    freed = -sum(stat.size_diff for stat in drained.compare_to(full, "filename"))
+    assert queued > 50 and freed > 0
+    assert freed <= weighed, (freed, weighed)
+    recorder._end(len(world.applied), 0.0, None, None)
+
+
+def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
+        tmp_path: Any) -> None:
+    """The writer stalled (a slow disk): once its queue is half full the
+    recorder takes nothing more from the socket, so what the engine sends
+    waits there unacknowledged (the engine's budget holds it) instead of
+    the writer dropping events."""
+    import zmq
+
+    from connector.recorder import Recorder, _take_waiting
+    from offload_fsm import Settings
+
+    link = FakeLink()
+    sent: list[bytes] = []
+    take = link.send
+
+    def keep(message: bytes) -> bool:
+        sent.append(message)
+        return take(message)
+
+    link.send = keep  # type: ignore[method-assign]
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+    world = run_workload(requests=200, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+            "header_config": Settings(offload=default_config()).to_wire(),
+            "versions": {"package": "test", "vllm": "", "lmcache": ""},
+            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 256 << 10}
+    recorder = Recorder(spec, lambda message: None)
+    recorder.handle(sent[0])
+    writer = recorder.recorder.writer  # type: ignore[union-attr]
+    release = threading.Event()
+    encode = writer._encode
+
+    def stalled(item: Any) -> bytes:
+        release.wait(30.0)
+        return encode(item)
+
+    writer._encode = stalled  # type: ignore[method-assign]
+    context = zmq.Context()
+    inbound, outbound = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        inbound.bind(f"ipc://{tmp_path}/in.sock")
+        outbound.connect(f"ipc://{tmp_path}/in.sock")
+        for message in sent[1:-1]:
+            outbound.send(message)
+        time.sleep(0.2)  # into the inbound socket
+        taken = _take_waiting(inbound, recorder, float("inf"))
+        assert 0 < taken < sum(len(m) for m in sent[1:-1])
+        assert recorder.writer_busy and writer.items_lost == 0
+    finally:
+        release.set()
+        writer._encode = encode  # type: ignore[method-assign]
+        inbound.close(linger=0)
+        outbound.close(linger=0)
+        context.term()
+    recorder._end(len(world.applied), 0.0, None, None)
+
+
+def test_each_start_up_failure_names_its_cause_and_its_fix() -> None:
+    """The FAILED reply's cause (what repeats: one warning each) and text
+    (the directory, the OS's words, the fix) per kind of failure."""
+    import errno
+    from pathlib import Path
+
+    from connector.recorder import cannot_record
+
+    logs = Path("/var/log/lazy")
+    for code, fix in [(errno.EROFS, "remount it read-write"), (errno.ENOSPC, "free space"),
+                      (errno.EACCES, "give this user write access"),
+                      (errno.ENOTDIR, "make it a writable directory")]:
+        cause, text = cannot_record(logs, OSError(code, os.strerror(code)))
+        assert cause == errno.errorcode[code]
+        assert f"the log directory {logs} cannot be written ({os.strerror(code)})" in text
+        assert fix in text and "lmcache.mp.lazy_offload_log_" in text

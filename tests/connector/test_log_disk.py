@@ -461,6 +461,20 @@ def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
     assert "serving continues without an event log" in record.getMessage()
 
 
+def test_a_stale_probe_of_a_reused_pid_does_not_fail_start_up(tmp_path: Path) -> None:
+    """A process killed between its probe's create and unlink left
+    ``.probe-<pid>``; a new engine with the same pid (a container restarted)
+    still finds the directory writable, and leaves nothing of its own."""
+    from connector.lmcache_connector import _check_writable
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stale = logs / f".probe-{os.getpid()}"
+    stale.write_bytes(b"")
+    _check_writable(str(logs))
+    assert [p.name for p in logs.iterdir()] == [stale.name]
+
+
 def test_a_writable_log_dir_gets_the_configured_bounds(
         tmp_path: Path, make_recorder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import connector.lmcache_connector as module
@@ -477,13 +491,13 @@ def test_a_writable_log_dir_gets_the_configured_bounds(
     monkeypatch.setattr(module, "launcher", launcher)
     settings = Settings(shell=ShellConfig(enabled=True, log_dir=str(tmp_path / "logs"),
                                           log_max_total_mib=2.0, log_max_file_mib=0.5,
-                                          log_budget_mib=3.0))
+                                          log_budget_mib=5.0))
     handoff = make_recorder(settings, 1)
     assert handoff is not None and (tmp_path / "logs").is_dir()
     (spec,) = specs
     assert spec["max_file_bytes"] == 512 * 1024
     assert spec["max_total_bytes"] == 2 * 1024 * 1024
-    assert spec["budget_bytes"] == 3 * 1024 * 1024
+    assert spec["budget_bytes"] == 5 * 1024 * 1024
     assert spec["header_config"] == settings.to_wire()
 
 # --------------------------------------------------------------------------
@@ -567,3 +581,56 @@ def test_a_file_that_vanishes_or_may_not_be_deleted_is_skipped_and_the_pass_goes
     left = sorted(p.name for p in tmp_path.glob("old-*"))
     assert left == ["old-000000.lolog", "old-000001.lolog", "old-000005.lolog"]
     assert len(warnings) == 2  # one per cause, and the pass went on past both
+
+
+def test_files_another_writer_holds_do_not_starve_the_closed_ones(tmp_path: Path) -> None:
+    """A live writer's file larger than the whole bound: it does not count,
+    so the closed files keep the bound between them instead of all being
+    deleted (the oldest go until the rest fit)."""
+    import fcntl
+
+    import connector.eventlog as eventlog
+
+    live = tmp_path / "live-000000.lolog"
+    live.write_bytes(b"\0" * 40_000)
+    for n in range(5):
+        (tmp_path / f"old-{n:06d}.lolog").write_bytes(b"\0" * 5_000)
+        os.utime(tmp_path / f"old-{n:06d}.lolog", (n, n))
+    with live.open("rb") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)  # another writer, alive
+        w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item,
+                                    make_header=lambda: b"H", make_gap=lambda n: b"G",
+                                    prefix="run", max_total_bytes=20_000,
+                                    register_atexit=False)
+        w.close()
+    left = sorted(p.name for p in tmp_path.glob("old-*"))
+    assert left == ["old-000002.lolog", "old-000003.lolog", "old-000004.lolog"]
+    assert live.exists()
+
+
+def test_a_file_that_cannot_be_locked_is_never_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a file system without ``flock`` (some FUSE ones) no writer can hold
+    its file, so retention cannot tell a live one: it deletes nothing it
+    cannot lock, and the writer says once that its own file is unprotected."""
+    import errno
+    import fcntl
+
+    import connector.eventlog as eventlog
+
+    for n in range(4):
+        (tmp_path / f"old-{n:06d}.lolog").write_bytes(b"\0" * 10_000)
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    warnings: list[str] = []
+    w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item, make_header=lambda: b"H",
+                                make_gap=lambda n: b"G", warn=warnings.append, prefix="run",
+                                max_total_bytes=15_000, register_atexit=False)
+    w.close()
+    assert len(list(tmp_path.glob("old-*"))) == 4
+    (said,) = warnings
+    assert "not lockable" in said and "No locks available" in said
+    assert f"{w.files[0]} may be deleted by another writer's retention" in said

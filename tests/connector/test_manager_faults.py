@@ -39,8 +39,10 @@ class Clock:
 class Shell:
     """One manager over a real block pool, and a scripted scheduler."""
 
-    def __init__(self, *, log_dir: str | None = None, **config: Any) -> None:
-        """``log_dir``: record an event log there (``connector.recording``)."""
+    def __init__(self, *, log_dir: str | None = None, chunk_tokens: int = 0,
+                 **config: Any) -> None:
+        """``log_dir``: record an event log there (``connector.recording``);
+        ``chunk_tokens``: LMCache's chunk (0: chunk-level dedup off)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()
         settings = {"policy": Policy.FIFO, "threshold": 1, "select_count": 100, **config}
@@ -48,7 +50,8 @@ class Shell:
         recorder = None if log_dir is None else EventRecorder(
             offload, 1, log_dir, {"package": "test", "vllm": "", "lmcache": ""})
         self.mgr = EventSourcedManager(offload, world_size=1, group_tokens_per_block=[BLOCK],
-                                       clock=self.clock, recorder=recorder)
+                                       clock=self.clock, recorder=recorder,
+                                       chunk_tokens=chunk_tokens)
         self.mgr.bind_block_pool(self.pool)
         self.blocks: dict[str, list[int]] = {}
         self.submitted: list[str] = []
@@ -245,6 +248,40 @@ def test_a_rejected_answer_is_recorded_once_and_replays(
     assert result.rejection is not None and result.rejection.reproduced
     assert type(result.rejection.event).__name__ == "HashesRead"
     assert result.ended_cleanly
+
+
+def test_a_failing_event_log_never_stops_offload(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recorder's ``record`` raising is the log's failure, not the
+    core's: one error line, and offload goes on (no drain-only mode)."""
+    s = Shell(log_dir=str(tmp_path))
+    recorder = s.mgr._recorder
+
+    def broken(applied: Any, state: Any) -> None:
+        raise OSError("the log broke")
+
+    monkeypatch.setattr(recorder, "record", broken)
+    a = s.offer("a")
+    s.finish("a")
+    s.step()
+    assert not s.mgr.draining and s.submitted == ["a"]
+    s.receipts({"a": 1})
+    assert s.refs(a) == [0, 0] and s.ended == ["a"]
+    assert sum("the log broke" in r.getMessage() or "the log broke" in str(r.__dict__)
+               for r in caplog.records) == 1
+
+
+def test_a_failing_lookup_report_is_contained() -> None:
+    """``on_lookup_result`` (called from LMCache's lookup path) is guarded as
+    every hook is: its failure is logged, vLLM goes on, offload goes on."""
+    s = Shell(chunk_tokens=BLOCK)
+    s.offer("a")
+    s.mgr.on_lookup_result("a", 0, None, lambda h: h)  # type: ignore[arg-type]
+    assert not s.mgr.draining
+    s.finish("a")
+    s.step()
+    assert s.submitted == ["a"]
 
 
 def test_a_reset_of_the_pool_reaches_the_core_and_the_log(tmp_path: Any) -> None:

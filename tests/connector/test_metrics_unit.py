@@ -94,6 +94,24 @@ def test_source_sends_deltas_then_nothing() -> None:
     assert stats.gauges["in_flight_batches"] == 0 and stats.gauges["pinned_blocks"] == 0
 
 
+def test_a_call_after_no_event_reads_nothing_and_the_next_event_brings_all() -> None:
+    """vLLM asks every step; a passed step applies no event, so the source
+    answers at once. What moved meanwhile is sent with the next event's call."""
+    s = Shell(policy=Policy.EVICTION_AWARE, horizon_steps=2.0)
+    source = metrics.StatsSource(s.mgr)
+    s.offer("a")
+    source.collect()
+    before = s.mgr.events_applied
+    s.step()  # nothing near the eviction head: the step passes
+    assert s.mgr.events_applied == before and len(s.mgr._passed) == 1
+    s.mgr.state.counters[CoreCounter.EMPTY_STEPS] += 5  # not read: no event applied
+    assert source.collect() == ({}, {})
+    s.offer("b")  # reports the passed step, then the offer
+    counters, gauges = source.collect()
+    assert counters["admitted_ops"] == 1 and counters["token_steps"] == 1
+    assert counters["empty_steps"] == 5 and gauges["buffered_ops"] == 2
+
+
 def test_oldest_buffered_age_counts_steps() -> None:
     s = Shell(threshold=100)
     source = metrics.StatsSource(s.mgr)

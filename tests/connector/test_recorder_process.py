@@ -11,24 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from connector.handoff import Handoff
+from connector.recorder import EXIT_FAILED
 from connector.supervisor import launcher
-from offload_fsm import Settings
+from offload_fsm import Settings, drive, new_state
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, scan
 from offload_fsm.log.records import VANISHED, Gap
 from offload_fsm.log.wire import unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
+from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB
+from offload_fsm.vocabulary.events import StepScheduled
 from replay.reader import run_files
 from replay.runner import replay
 
@@ -37,17 +42,22 @@ END_WAIT_S = 30.0  # a recorder just started on a loaded box is still importing 
 
 
 def spec(directory: Path, budget_bytes: int = 64 << 20) -> dict[str, Any]:
+    """The recorder's settings; its writer's queue gets the budget, at least
+    the floor the configuration keeps (the engine's side may get less here)."""
+    writer_bytes = max(budget_bytes, int(LOG_BUDGET_MIN_MIB * (1 << 20)))
     return {"directory": str(directory), "prefix": "run", "engine_index": 0, "world_size": 2,
             "header_config": Settings(offload=default_config()).to_wire(),
             "versions": {"package": "test", "vllm": "", "lmcache": ""},
             "max_file_bytes": 1 << 20, "max_total_bytes": 1 << 30,
-            "budget_bytes": budget_bytes, "digest_every": 200}
+            "budget_bytes": writer_bytes, "digest_every": 200}
 
 
 def handoff(directory: Path, warnings: list[str], budget_bytes: int = 64 << 20) -> Handoff:
-    return Handoff(launcher(spec(directory, budget_bytes)), budget_bytes=budget_bytes,
+    launch = launcher(spec(directory, budget_bytes))
+    return Handoff(launch, budget_bytes=budget_bytes,
                    digest_every=200, warn=warnings.append, liveness_every_s=0.02,
-                   backoff_s=(0.05, 0.2), end_wait_s=END_WAIT_S, register_atexit=False)
+                   backoff_s=(0.05, 0.2), end_wait_s=END_WAIT_S, register_atexit=False,
+                   release=launch.remove)
 
 
 def _gap_events(directory: Path) -> int:
@@ -287,3 +297,215 @@ def test_a_stream_that_cannot_bind_is_one_warning_and_a_counter(
     assert h.recorder_stats["pub_bind_failed"] == 1
     assert capfd.readouterr().err.count("the live stream cannot bind") == 1
     assert replay(tmp_path).ended_cleanly
+
+
+# --------------------------------------------------------------------------
+# Issue 38: the hand-off's true bound, start-up faults, the import path.
+
+
+def _idle_step(state: Any, i: int) -> Any:
+    """One empty scheduler step: a 37-byte STEP message."""
+    event = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
+                          reserve_blocks=0, free_blocks=100, window_block_ids=(),
+                          reallocated=(), time_s=float(i))
+    return drive(state, event, lambda command: None)
+
+
+def test_a_stopped_recorder_and_tiny_steps_hold_no_more_than_the_budget(
+        tmp_path: Path) -> None:
+    """A stopped recorder, and a step per frame of 37 bytes (an idle or
+    decoding engine): what the engine holds for the log, its bookkeeping
+    (measured with tracemalloc) and the bytes in ZeroMQ's hands, stays within
+    the budget, and the budget's count covers what was measured."""
+    budget = 256 * 1024
+    warnings: list[str] = []
+    h = Handoff(launcher(spec(tmp_path, budget)), budget_bytes=budget, warn=warnings.append,
+                flush_every_s=0.0, end_wait_s=END_WAIT_S, register_atexit=False,
+                idle_flush=False)
+    acknowledged(h)
+    link: Any = h._link
+    state = new_state(default_config(), world_size=2)
+    os.kill(link.pid, signal.SIGSTOP)
+    try:
+        for i in range(200):  # warm up: the deque's blocks, the ints' caches
+            h.record(_idle_step(state, i), state)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            for i in range(200, 20_000):
+                h.record(_idle_step(state, i), state)
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    finally:
+        os.kill(link.pid, signal.SIGCONT)
+    ours = [tracemalloc.Filter(True, f"*connector/{name}") for name in
+            ("handoff.py", "supervisor.py")]
+    grown = sum(stat.size_diff for stat in after.filter_traces(ours).compare_to(
+        before.filter_traces(ours), "filename"))
+    in_zeromq = h._sent - h._acked  # ZeroMQ's copies of the frames, not traced
+    assert h.events_lost > 10_000  # the budget filled: an outage
+    assert grown + in_zeromq <= budget, (grown, in_zeromq)
+    assert h.held_bytes >= grown + in_zeromq and h.stats.bytes_in_flight_max <= budget
+    h.close(state)
+    assert h.wait_for_end()
+
+
+def _kill(h: Handoff) -> int:
+    link: Any = h._link
+    os.kill(link.pid, signal.SIGKILL)
+    assert _wait_gone(link.pid)
+    return int(link.pid)
+
+
+def _run_until(h: Handoff, done: Any, seed: int, requests: int = 300,
+               sink: Any = None) -> Any:
+    """A workload at about an engine's pace until ``done()``, at full speed after."""
+    def paced(applied: Any, state: Any) -> None:
+        (sink or h.record)(applied, state)
+        if not done():
+            time.sleep(0.002)
+
+    return run_workload(requests=requests, seed=seed, sink=paced)
+
+
+def _back_up(h: Handoff) -> bool:
+    return h.stats.recorder_restarts >= 1 and h.recorder_up and h._start_at is None
+
+
+def test_a_log_directory_deleted_under_the_engine_is_made_again(tmp_path: Path) -> None:
+    """The log directory removed (a tmp cleaner) and the recorder killed:
+    the next recorder makes the directory again and the log resumes there,
+    with one restart, not a recorder dying on every start."""
+    logs = tmp_path / "logs"
+    warnings: list[str] = []
+    h = handoff(logs, warnings)
+    world = run_workload(requests=20, seed=11, sink=h.record)
+    acknowledged(h)
+    shutil.rmtree(logs)
+    _kill(h)
+    world = _run_until(h, lambda: _back_up(h), seed=12)
+    h.close(world.state)
+    assert h.wait_for_end()
+    assert h.stats.recorder_restarts == 1, warnings
+    assert len(warnings) == 1 and "exited (code -9)" in warnings[0]
+    result = replay(logs)
+    assert result.ended_cleanly and result.snapshots_loaded and result.divergence is None
+
+
+def test_a_runtime_directory_removed_under_the_engine_is_made_again(tmp_path: Path) -> None:
+    """The sockets' directory removed (a logout, a tmp cleaner) and the
+    recorder killed: the next recorder still binds its socket."""
+    warnings: list[str] = []
+    h = handoff(tmp_path, warnings)
+    run_workload(requests=20, seed=13, sink=h.record)
+    acknowledged(h)
+    link: Any = h._link
+    shutil.rmtree(link.endpoint_path.parent)
+    _kill(h)
+    world = _run_until(h, lambda: _back_up(h), seed=14)
+    h.close(world.state)
+    assert h.wait_for_end()
+    assert h.stats.recorder_restarts == 1, warnings
+    assert replay(tmp_path).ended_cleanly
+
+
+def test_a_log_directory_that_cannot_be_written_is_one_warning_with_the_fix(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The log directory replaced by a file under a running engine: each new
+    recorder sends FAILED (the cause, the fix) and exits with
+    ``EXIT_FAILED``, no traceback; the engine says it once and starts
+    recorders with its backoff."""
+    logs = tmp_path / "logs"
+    warnings: list[str] = []
+    h = handoff(logs, warnings)
+    run_workload(requests=20, seed=15, sink=h.record)
+    acknowledged(h)
+    shutil.rmtree(logs)
+    logs.write_bytes(b"not a directory")
+    codes: list[int | None] = []
+    _kill(h)
+
+    def sink(applied: Any, state: Any) -> None:
+        link: Any = h._link
+        h.record(applied, state)
+        if link is not None and h._link is None:
+            codes.append(link.exit_code())
+
+    world = _run_until(h, lambda: h.stats.recorder_restarts >= 3, seed=16, sink=sink)
+    h.close(world.state)
+    cannot = [w for w in warnings if "cannot be written" in w]
+    assert len(cannot) == 1, warnings
+    assert f"the log directory {logs} cannot be written" in cannot[0]
+    assert "lmcache.mp.lazy_offload_log_dir" in cannot[0]
+    assert codes.count(EXIT_FAILED) >= 2 and h.stats.recorder_restarts >= 3
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_recorder_imports_nothing_from_the_engines_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``json.py`` planted in the engine's working directory (which
+    ``python -m`` would put first on the path) is never imported by the
+    recorder, which still records."""
+    planted = tmp_path / "cwd"
+    planted.mkdir()
+    marker = tmp_path / "imported"
+    (planted / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(("", str(REPO))))  # "" too: the cwd
+    h = handoff(tmp_path / "logs", [])
+    world = run_workload(requests=20, seed=17, sink=h.record)
+    h.close(world.state)
+    assert h.wait_for_end()
+    assert not marker.exists(), "the recorder imported the planted json.py"
+    assert replay(tmp_path / "logs").ended_cleanly
+
+
+_PEER = textwrap.dedent("""
+    import sys, time, zmq
+    peer = zmq.Context().socket(zmq.XSUB)
+    peer.connect(sys.argv[1])
+    peer.send(b"\\x01" + b"x" * (1 << 20))  # a 1 MiB subscription
+    time.sleep(120)
+""")
+
+
+def test_a_peer_declaring_a_huge_subscription_is_cut_off(tmp_path: Path) -> None:
+    """What a stream's peer (another process) may send the PUB is capped (a
+    subscription is a few bytes): one sending a 1 MiB subscription is
+    disconnected, not buffered."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    from connector.recording import pub_socket
+
+    context = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/pub.sock"
+    pub = pub_socket(context, endpoint, 1 << 20)
+    monitor = pub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, endpoint])
+    try:
+        assert monitor.poll(10_000), "the peer's 1 MiB subscription was taken in"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    finally:
+        peer.kill()  # killed: its libzmq crashes terminating a refused big message
+        peer.wait(timeout=30)
+        pub.disable_monitor()
+        monitor.close(linger=0)
+        pub.close(linger=0)
+        context.term()
+
+
+def test_vllms_way_out_waits_for_end_and_removes_the_sockets_directory(
+        tmp_path: Path) -> None:
+    """vLLM's engine core leaves through ``os._exit`` (no exit handlers):
+    the connector's shutdown calls ``Handoff.finish``, which waits for the
+    recorder's END and removes the directory its sockets were in."""
+    h = handoff(tmp_path / "logs", [])
+    link: Any = h._link
+    world = run_workload(requests=20, seed=18, sink=h.record)
+    h.close(world.state)
+    assert h.finish()
+    assert not link.endpoint_path.parent.exists()
+    assert _wait_gone(link.pid)
+    assert replay(tmp_path / "logs").ended_cleanly

@@ -1,13 +1,11 @@
 """StoreBuilder keeps the rest of an op the core cut at a chunk boundary
 (``OpSplit``): the front's STORE carries only the front's blocks, in every
-KV group, and the rest's STORE finds its own."""
+KV group, and the rest's STORE finds its own; a STORE's token list is the
+request's source as it was at the latest offer."""
 
 from __future__ import annotations
 
-from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
-from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
-
-from connector.stores import StoreBuilder
+from connector.stores import StoreBuilder, StoreSource
 from offload_fsm.vocabulary.commands import SubmitStore
 
 
@@ -15,11 +13,13 @@ def _submit(start: int, end: int) -> SubmitStore:
     return SubmitStore(batch_id=0, req_id="r", start_token=start, end_token=end, block_ids=())
 
 
+def _source(tokens: list[int]) -> StoreSource:
+    return StoreSource(tokens, len(tokens), "salt", {"lmcache.tag": "x"})
+
+
 def test_a_cut_op_is_stored_front_first_then_the_rest() -> None:
     builder = StoreBuilder([16, 32])  # two KV groups: 16 and 32 tokens a block
-    op = LoadStoreOp(token_ids=list(range(256)), block_ids=[list(range(16)), list(range(8))],
-                     start=0, end=256)
-    builder.offered(LMCacheMPRequestMetadata(request_id="r", direction="STORE", op=op))
+    builder.offered("r", 0, 256, [list(range(16)), list(range(8))], _source(list(range(256))))
     front = builder.build(_submit(0, 128))
     assert (front.op.start, front.op.end) == (0, 128)
     assert front.op.block_ids == [list(range(8)), list(range(4))]
@@ -30,33 +30,20 @@ def test_a_cut_op_is_stored_front_first_then_the_rest() -> None:
 
 def test_dropping_a_cut_op_front_keeps_its_rest() -> None:
     builder = StoreBuilder([16])
-    op = LoadStoreOp(token_ids=list(range(256)), block_ids=[list(range(16))], start=0, end=256)
-    builder.offered(LMCacheMPRequestMetadata(request_id="r", direction="STORE", op=op))
+    builder.offered("r", 0, 256, [list(range(16))], _source(list(range(256))))
     builder.forget_range("r", 0, 128)  # the front, dropped (e.g. a duplicate)
     rest = builder.build(_submit(192, 256))  # the rest, its first chunk trimmed
     assert (rest.op.start, rest.op.end) == (192, 256)
     assert rest.op.block_ids == [list(range(12, 16))]
 
 
-def _offer(builder: StoreBuilder, copied: list[int], live: list[int] | None) -> None:
-    op = LoadStoreOp(token_ids=copied, block_ids=[list(range(16))], start=0, end=256)
-    builder.offered(LMCacheMPRequestMetadata(request_id="r", direction="STORE", op=op), live)
-
-
-def test_a_store_takes_the_offers_tokens_from_the_live_list_not_the_copy() -> None:
-    """The offer's copy is not kept (young-generation GC cost, ``connector.stores``):
-    the STORE carries the live list's first tokens, as many as the copy had, even
-    after the request decoded more."""
+def test_a_store_takes_the_sources_first_tokens_and_its_salt_and_configs() -> None:
+    """The source is vLLM's live token list: the STORE carries as many of its
+    tokens as it had at the offer, even after the request decoded more."""
     builder = StoreBuilder([16])
-    live, copied = list(range(300)), list(range(300))
-    _offer(builder, copied, live)
-    copied.clear()  # the copy is LMCache's, gone with its metadata
+    live = list(range(300))
+    builder.offered("r", 0, 256, [list(range(16))], _source(live))
     live.extend(range(300, 340))  # the request decodes on
-    assert builder.build(_submit(0, 256)).op.token_ids == list(range(300))
-
-
-def test_without_a_live_list_the_offers_copy_is_kept() -> None:
-    for live in (None, list(range(100))):  # none, or one shorter than the copy
-        builder = StoreBuilder([16])
-        _offer(builder, list(range(300)), live)
-        assert builder.build(_submit(0, 256)).op.token_ids == list(range(300))
+    store = builder.build(_submit(0, 256))
+    assert store.op.token_ids == list(range(300))
+    assert (store.cache_salt, store.request_configs) == ("salt", {"lmcache.tag": "x"})

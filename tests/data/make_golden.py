@@ -14,7 +14,9 @@ hits produce, which the synthetic workload has none of) the golden log is
 instead the first 3,000 events of the kept simulator log
 ``tests/data/sim_logs/sim-ea-3`` (the real vLLM scheduler, a shared system
 prompt) recorded again (``testkit.rerecord``), with a digest every 250 events
-and a snapshot every 1,000.
+and a snapshot every 1,000. From schema 7 (``StepsPassed``) every step the
+shell would pass today goes in a ``StepsPassed``, as the connector records
+it (``rerecord(..., pass_quiet_steps=True)``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def main() -> int:
         source, lambda header: EventRecorder(
             config_of(header), header.world_size, str(directory), versions, prefix="golden",
             digest_every=250, snapshot_every=1000, register_atexit=False),
-        limit_events=3000)
+        limit_events=3000, pass_quiet_steps=True)
     recorder.close(state)
     expected = {"schema": SCHEMA_VERSION, "events": events, "source": source.name,
                 "final_digest": state_digest(state),

@@ -116,13 +116,20 @@ def test_lazy_offload_stores_and_retrieves(
     reference: dict[str, Any],
     tmp_path: Path,
     lazy: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from offload_fsm.invariants import ledger_closes
     from offload_fsm.vocabulary.decisions import StoreSettled, StoreSubmitted
     from replay.runner import replay
 
     log_dir = tmp_path / "events"
+    runtime = tmp_path / "run"  # where the recorder's sockets go
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     result = run_workload(tiny_model_dir, our_kv_transfer_config(fresh_server, log_dir, **lazy))
+    # The engine core left through os._exit: its connector's shutdown waited
+    # for the recorder's END and removed the sockets' directory.
+    assert list(runtime.iterdir()) == [], list(runtime.iterdir())
 
     assert result["first_ids"] == reference["first_ids"]
     assert result["second_ids"] == reference["second_ids"]

@@ -383,9 +383,11 @@ def test_a_remote_stream_endpoint_is_refused_naming_the_opt_in_key(endpoint: str
 
 def test_the_hand_off_budget_defaults_to_64_mib_and_refuses_nonsense() -> None:
     assert parse_config({}).shell.log_budget_mib == 64.0
-    for value in (0, -1, math.nan, "lots", True):
-        with pytest.raises(ConfigError, match="log_budget_mib"):
+    for value in (0, -1, math.nan, "lots", True, 3.9):
+        with pytest.raises(ConfigError, match="log_budget_mib") as refused:
             parse_config({f"{P}_log_budget_mib": value})
+        assert "a finite number >= 4 (MiB" in str(refused.value)
+    assert parse_config({f"{P}_log_budget_mib": 4}).shell.log_budget_mib == 4.0
 
 
 def test_each_engine_gets_its_own_stream_endpoint() -> None:

@@ -37,6 +37,7 @@ from offload_fsm.vocabulary.events import (
     ShutdownBegan,
     ShutdownRequested,
     StepScheduled,
+    StepsPassed,
 )
 
 from .helpers import Harness, ea
@@ -101,6 +102,9 @@ class Setup:
             ShutdownRequested: ShutdownRequested,
             ChunksMissing: lambda: ChunksMissing(chunk_keys=(1,)),
             ShutdownBegan: lambda: ShutdownBegan(time_s=h.time_s),
+            # No step yet: the EMA seeds at 0 allocated blocks, so the window is empty.
+            StepsPassed: lambda: StepsPassed(
+                steps=((16, 0, 0, 0, len(h.visible()), 0, h.time_s + 1),)),
             HashesRead: lambda: self.answers.get(
                 HashesRead, HashesRead(batch_id=0, block_hashes=(1, 2))),
             FreeQueueRead: lambda: self.answers.get(

@@ -101,3 +101,13 @@ def test_a_folder_of_run_folders_names_them(tmp_path: Path) -> None:
     assert code == 2
     assert (f"no .lolog files; the run folders inside it: {tmp_path}/events/20261206-101500, "
             f"{tmp_path}/events/20261206-111500 (pass one of them)") in err
+
+
+def test_a_step_inside_a_quiet_run_is_found_not_refused() -> None:
+    """A schema 7 log reports quiet token steps together (``StepsPassed``): a
+    step inside such a run is in the log, and says so."""
+    code, out, err = _run("explain", str(DATA / "v7"), "--at", "5")
+    assert code == 0, err
+    assert out.startswith("token step 5 passed quietly: seq 3 reported steps 2 to 11 together")
+    code, _, err = _run("explain", str(DATA / "v7"), "--at", "1667")
+    assert code == 2 and "the log's token steps are 0 to 1666" in err
