@@ -130,7 +130,7 @@ __all__ = ["PUB_MESSAGE_MAX_BYTES", "SUBSCRIPTION_MAX_BYTES", "EventRecorder",
 
 _NEW_FILE = (HEADER,)
 PUB_MESSAGE_MAX_BYTES: Final = 256 * 1024
-SUBSCRIPTION_MAX_BYTES: Final = 1024  # the largest message a subscriber may send
+SUBSCRIPTION_MAX_BYTES: Final = 64 * 1024  # the largest message a subscriber may send
 _BATCHED = frozenset((INPUTS, DIGEST, GAP, REJECTED))
 _log = logging.getLogger(__name__)
 

@@ -148,14 +148,15 @@ def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
     pytest.importorskip("zmq")
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
     lines: list[str] = []
-    thread = threading.Thread(target=lambda: follow(endpoints, lines.append, timeout_s=5.0))
-    thread.start()
-    time.sleep(0.3)
+    # The streams are bound before tail connects (a connect racing the bind
+    # drops and reconnects, which restarts PUB/SUB's slow-joiner window).
     recorders = [EventRecorder(CONFIG, 1, str(tmp_path / f"e{n}"), VERSIONS, prefix="run",
                                register_atexit=False, pub_endpoint=endpoint, digest_every=1,
                                engine_index=n)
                  for n, endpoint in enumerate(endpoints)]
-    time.sleep(0.5)  # the slow-joiner window of PUB/SUB
+    thread = threading.Thread(target=lambda: follow(endpoints, lines.append, timeout_s=10.0))
+    thread.start()
+    time.sleep(1.0)  # the slow-joiner window of PUB/SUB
     for recorder in recorders:
         world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
                                sink=recorder.record)
