@@ -45,8 +45,14 @@ class StoreSource(NamedTuple):
 
 
 class StoreBuilder:
+    """Per request its :class:`StoreSource`; per buffered op, with several KV
+    groups, each group's block ids. With one KV group (most models) the
+    group's block ids are the core's flat ones, which every ``SubmitStore``
+    carries, so nothing is kept per op."""
+
     def __init__(self, group_tokens_per_block: list[int]) -> None:
         self._group_tokens_per_block = list(group_tokens_per_block)
+        self._one_group = len(self._group_tokens_per_block) == 1
         self._latest: dict[str, StoreSource] = {}
         # req id -> op start token -> (op end token, per-group block ids)
         self._ops: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
@@ -56,10 +62,13 @@ class StoreBuilder:
         """Note an offer of ``[start_token, end_token)`` with each KV group's
         block ids; ``source`` replaces the request's earlier one."""
         self._latest[req_id] = source
-        self._ops.setdefault(req_id, {})[start_token] = (end_token, group_block_ids)
+        if not self._one_group:
+            self._ops.setdefault(req_id, {})[start_token] = (end_token, group_block_ids)
 
     def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
         latest = self._latest[command.req_id]
+        if self._one_group:
+            return self._store(command, [list(command.block_ids)], latest)
         ops = self._ops[command.req_id]
         self._cut(ops, command.end_token)
         start = max(s for s in ops if s <= command.start_token)
@@ -73,17 +82,21 @@ class StoreBuilder:
             end, group_block_ids = ops.pop(end)
             for into, group in zip(merged, group_block_ids, strict=True):
                 into.extend(group)
+        return self._store(command, merged, latest)
+
+    def _store(self, command: SubmitStore, group_block_ids: list[list[int]],
+               source: StoreSource) -> LMCacheMPRequestMetadata:
         return LMCacheMPRequestMetadata(
             request_id=command.req_id,
             direction="STORE",
             op=LoadStoreOp(
-                token_ids=list(latest.tokens[: latest.num_tokens]),
-                block_ids=merged,
+                token_ids=list(source.tokens[: source.num_tokens]),
+                block_ids=group_block_ids,
                 start=command.start_token,
                 end=command.end_token,
             ),
-            cache_salt=latest.cache_salt,
-            request_configs=latest.request_configs,
+            cache_salt=source.cache_salt,
+            request_configs=source.request_configs,
         )
 
     def _cut(self, ops: dict[int, tuple[int, list[list[int]]]], token: int) -> None:

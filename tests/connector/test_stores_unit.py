@@ -29,12 +29,25 @@ def test_a_cut_op_is_stored_front_first_then_the_rest() -> None:
 
 
 def test_dropping_a_cut_op_front_keeps_its_rest() -> None:
-    builder = StoreBuilder([16])
-    builder.offered("r", 0, 256, [list(range(16))], _source(list(range(256))))
+    builder = StoreBuilder([16, 32])
+    builder.offered("r", 0, 256, [list(range(16)), list(range(8))], _source(list(range(256))))
     builder.forget_range("r", 0, 128)  # the front, dropped (e.g. a duplicate)
     rest = builder.build(_submit(192, 256))  # the rest, its first chunk trimmed
     assert (rest.op.start, rest.op.end) == (192, 256)
-    assert rest.op.block_ids == [list(range(12, 16))]
+    assert rest.op.block_ids == [list(range(12, 16)), list(range(6, 8))]
+
+
+def test_with_one_kv_group_the_store_takes_the_cores_block_ids_and_nothing_is_kept_per_op(
+) -> None:
+    builder = StoreBuilder([16])
+    builder.offered("r", 0, 256, [list(range(16))], _source(list(range(256))))
+    builder.offered("r", 256, 512, [list(range(16, 32))], _source(list(range(512))))
+    assert builder._ops == {}  # one source per request, no record per op
+    store = builder.build(SubmitStore(batch_id=0, req_id="r", start_token=128, end_token=512,
+                                      block_ids=tuple(range(8, 32))))
+    assert (store.op.start, store.op.end) == (128, 512)
+    assert store.op.block_ids == [list(range(8, 32))]
+    assert store.op.token_ids == list(range(512))
 
 
 def test_a_store_takes_the_sources_first_tokens_and_its_salt_and_configs() -> None:
