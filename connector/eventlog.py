@@ -72,7 +72,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -985,20 +985,30 @@ class _Unlockable(OSError):
     treats it as held, since a writer on such a file system cannot hold it."""
 
 
-def _held(path: Path) -> bool:
-    """Whether a live writer holds ``path`` (:func:`_hold`); a file that
-    cannot be locked counts as held (:class:`_Unlockable` is raised)."""
+@contextlib.contextmanager
+def _try_lock(path: Path) -> Iterator[bool]:
+    """``path`` locked while the block runs, unless a live writer holds it
+    (:func:`_hold`; then False); a file that cannot be locked at all raises
+    :class:`_Unlockable`."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
-            return True
+            locked = False
         except OSError as error:
             raise _Unlockable(error.errno, f"cannot lock {path}: {error.strerror}") from error
-        return False
+        yield locked
     finally:
         os.close(fd)
+
+
+def _held(path: Path) -> bool:
+    """Whether a live writer holds ``path`` (:func:`_hold`); a file that
+    cannot be locked counts as held (:class:`_Unlockable` is raised)."""
+    with _try_lock(path) as locked:
+        return not locked
 
 
 def _delete_unless_held(path: Path) -> bool:
@@ -1006,18 +1016,10 @@ def _delete_unless_held(path: Path) -> bool:
     it did. The check and the deletion happen under the lock, so a writer
     cannot take the file in between. A file that cannot be locked is never
     deleted (:class:`_Unlockable`)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        except OSError as error:
-            raise _Unlockable(error.errno, f"cannot lock {path}: {error.strerror}") from error
-        path.unlink()
-        return True
-    finally:
-        os.close(fd)
+    with _try_lock(path) as locked:
+        if locked:
+            path.unlink()
+        return locked
 
 
 def _private(path: str, flags: int) -> int:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -8,10 +9,18 @@ import pytest
 from connector.recording import EventRecorder
 from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_workload
 from offload_fsm.vocabulary.config import OffloadConfig
+from replay.cli import main
 from testkit.pacing import paced
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``replay``'s command line in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
 
 def record_workload(
     directory: Path, *, config: OffloadConfig | None = None, world_size: int = 2,

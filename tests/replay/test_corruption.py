@@ -6,7 +6,6 @@ framing tests' business.)"""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -18,16 +17,10 @@ from offload_fsm.machine import step
 from offload_fsm.state import new_state
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.events import StepScheduled
-from replay.cli import EXIT_CORRUPT, main
+from replay.cli import EXIT_CORRUPT
 from replay.reader import Entry, LogDamage, read_file
 from replay.runner import config_of, replay
-from tests.replay.conftest import record_workload
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
+from tests.replay.conftest import record_workload, run_cli
 
 
 @pytest.fixture
@@ -93,12 +86,12 @@ HOW = ["truncate", "flip"]
 def test_verify(log: Path, how: str) -> None:
     damaged = _damage(log, how)
     events, _, after = _intact_prefix(damaged)
-    code, out, err = _run("verify", str(damaged), "--json")
+    code, out, err = run_cli("verify", str(damaged), "--json")
     assert code == EXIT_CORRUPT
     data = json.loads(out)
     assert data["events_applied"] == events and data["divergence"] is None
     assert data["problems"] and str(damaged) in data["problems"][0]
-    code, out, err = _run("verify", str(damaged))
+    code, out, err = run_cli("verify", str(damaged))
     assert code == EXIT_CORRUPT
     assert err.startswith(f"damage: {damaged}@") and f"{events} events replayed" in out
     result = replay(damaged)
@@ -111,21 +104,21 @@ def test_verify(log: Path, how: str) -> None:
 def test_summary(log: Path, how: str) -> None:
     damaged = _damage(log, how)
     events, steps, _ = _intact_prefix(damaged)
-    code, out, err = _run("summary", str(damaged), "--json")
+    code, out, err = run_cli("summary", str(damaged), "--json")
     assert code == EXIT_CORRUPT and "damage: " in err
     assert json.loads(out)["token_steps"] == steps
-    code, out, err = _run("summary", str(damaged))
+    code, out, err = run_cli("summary", str(damaged))
     assert code == EXIT_CORRUPT and err.startswith("damage: ") and "ledger" in out
 
 
 @pytest.mark.parametrize("how", HOW)
 def test_explain(log: Path, how: str) -> None:
     damaged = _damage(log, how)
-    code, out, err = _run("explain", str(damaged), "--request", "req-0", "--json")
+    code, out, err = run_cli("explain", str(damaged), "--request", "req-0", "--json")
     assert code == EXIT_CORRUPT and err.startswith("damage: ")
     story = json.loads(out)
     assert story["found"] and story["ops"]  # req-0 ran before the damage
-    code, out, err = _run("explain", str(damaged), "--request", "req-0")
+    code, out, err = run_cli("explain", str(damaged), "--request", "req-0")
     assert code == EXIT_CORRUPT and "req-0" in out
 
 
@@ -133,10 +126,10 @@ def test_explain(log: Path, how: str) -> None:
 def test_whatif(log: Path, how: str) -> None:
     damaged = _damage(log, how)
     _, steps, _ = _intact_prefix(damaged)
-    code, out, err = _run("whatif", str(damaged), "--policy", "FIFO", "--json")
+    code, out, err = run_cli("whatif", str(damaged), "--policy", "FIFO", "--json")
     assert code == EXIT_CORRUPT and "damage: " in err
     assert json.loads(out)["recorded"]["token_steps"] == steps
-    code, out, err = _run("whatif", str(damaged), "--policy", "FIFO")
+    code, out, err = run_cli("whatif", str(damaged), "--policy", "FIFO")
     assert code == EXIT_CORRUPT and "CAVEAT" in out
 
 
@@ -145,7 +138,7 @@ def test_timeline(log: Path, how: str, tmp_path: Path) -> None:
     damaged = _damage(log, how)
     _, steps, _ = _intact_prefix(damaged)
     output = tmp_path / "t.html"
-    code, out, err = _run("timeline", str(damaged), "-o", str(output))
+    code, out, err = run_cli("timeline", str(damaged), "-o", str(output))
     assert code == EXIT_CORRUPT and err.startswith("damage: ")
     assert f"({steps} token steps in " in out and output.exists()
 
@@ -159,7 +152,7 @@ def test_a_damaged_header_leaves_nothing_to_replay(log: Path, command: str,
     damaged.write_bytes(bytes(data))
     extra = {"explain": ["--request", "req-0"], "whatif": ["--policy", "FIFO"],
              "timeline": ["-o", str(tmp_path / "t.html")]}.get(command, [])
-    code, _, err = _run(command, str(damaged), *extra)
+    code, _, err = run_cli(command, str(damaged), *extra)
     assert code == EXIT_CORRUPT
     assert "damage: " in err or "no header" in err
 
@@ -181,5 +174,5 @@ def test_damage_in_an_early_file_resumes_at_the_next_snapshot(tmp_path: Path) ->
     assert state_digest(result.state) == state_digest(world.state)
     assert result.state.counters[Counter.TOKEN_STEPS] == world.state.counters[
         Counter.TOKEN_STEPS]
-    code, _, err = _run("verify", str(directory))
+    code, _, err = run_cli("verify", str(directory))
     assert code == EXIT_CORRUPT and err.startswith(f"damage: {files[0]}@")

@@ -3,7 +3,6 @@ with and without the digest bisection), a what-if re-run, damage, usage."""
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
@@ -11,10 +10,9 @@ import msgpack
 
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.records import INDEX
-from replay.cli import main
 from replay.diff import diff_logs
 from testkit.logedit import rekeyed
-from tests.replay.conftest import record_workload
+from tests.replay.conftest import record_workload, run_cli
 
 
 def _copy_altering(source: Path, target: Path, change) -> dict[str, int]:  # type: ignore[no-untyped-def]
@@ -27,12 +25,6 @@ def _copy_altering(source: Path, target: Path, change) -> dict[str, int]:  # typ
         out.append(change(item.payload, altered))
     path.write_bytes(b"".join(map(frame, rekeyed(out))))  # as a recorder would key it
     return altered
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _alter_check_after(threshold: int):  # type: ignore[no-untyped-def]
@@ -49,7 +41,7 @@ def _alter_check_after(threshold: int):  # type: ignore[no-untyped-def]
 
 
 def test_a_log_is_identical_to_itself(mixed_log: Path) -> None:
-    code, out, _ = _run("diff", str(mixed_log), str(mixed_log))
+    code, out, _ = run_cli("diff", str(mixed_log), str(mixed_log))
     assert code == 0, out
     assert out.startswith("identical:")
     assert "final counters" in out
@@ -64,7 +56,7 @@ def test_the_first_altered_outcome_is_found(mixed_log: Path, tmp_path: Path) -> 
         assert result.a is not None and result.b is not None
         assert "matches the recorded check" in result.a.outcome
         assert "this code gives" in result.b.outcome
-    code, out, _ = _run("diff", str(mixed_log), str(tmp_path / "b"))
+    code, out, _ = run_cli("diff", str(mixed_log), str(tmp_path / "b"))
     assert code == 1
     assert f"DIVERGED at seq {altered['seq']} (outcome)" in out
 
@@ -97,7 +89,7 @@ def test_two_policies_diverge_and_their_ledgers_differ(tmp_path: Path) -> None:
         directory, _ = record_workload(tmp_path / policy.value, config=default_config(policy),
                                        requests=40, seed=2, pool_blocks=48, concurrency=6)
         logs.append(str(directory))
-    code, out, _ = _run("diff", *logs)
+    code, out, _ = run_cli("diff", *logs)
     assert code == 1
     assert "DIVERGED at seq" in out
     assert "final counters" in out and "B-A" in out
@@ -105,12 +97,12 @@ def test_two_policies_diverge_and_their_ledgers_differ(tmp_path: Path) -> None:
 
 def test_whatif_out_writes_logs_that_diff_reads(mixed_log: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "whatif"
-    code, _, err = _run("whatif", str(mixed_log), "--policy", "FIFO", "--out", str(out_dir))
+    code, _, err = run_cli("whatif", str(mixed_log), "--policy", "FIFO", "--out", str(out_dir))
     assert code == 0, err
     for name in ("original", "whatif"):
-        assert _run("verify", str(out_dir / name))[0] == 0
-    assert _run("diff", str(out_dir / "original"), str(out_dir / "original"))[0] == 0
-    code, out, _ = _run("diff", str(out_dir / "original"), str(out_dir / "whatif"))
+        assert run_cli("verify", str(out_dir / name))[0] == 0
+    assert run_cli("diff", str(out_dir / "original"), str(out_dir / "original"))[0] == 0
+    code, out, _ = run_cli("diff", str(out_dir / "original"), str(out_dir / "whatif"))
     assert code == 1
     assert "A " in out and "B " in out and "outcome:" in out
 
@@ -121,8 +113,8 @@ def test_damage_and_usage(mixed_log: Path, tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    assert _run("diff", str(mixed_log), str(tmp_path / "b"))[0] == 3
-    assert _run("diff", str(mixed_log), str(tmp_path / "nothing"))[0] == 2
+    assert run_cli("diff", str(mixed_log), str(tmp_path / "b"))[0] == 3
+    assert run_cli("diff", str(mixed_log), str(tmp_path / "nothing"))[0] == 2
 
 
 def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
@@ -207,4 +199,4 @@ def test_damage_inside_segments_that_would_be_skipped_is_still_reported(tmp_path
     assert len(equal_segments(segments(a), segments(tmp_path / "b"))[0]) >= 2  # its INDEX is intact
     result = diff_logs(a, tmp_path / "b", ledgers=False)
     assert result.damage, "a damaged frame must be reported even where segments match"
-    assert _run("diff", str(a), str(tmp_path / "b"))[0] == 3
+    assert run_cli("diff", str(a), str(tmp_path / "b"))[0] == 3

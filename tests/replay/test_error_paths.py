@@ -6,25 +6,17 @@ it through any output."""
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
 import pytest
 
 from connector.recording import EventRecorder
-from replay.cli import main
 from tests.offload_fsm.helpers import Harness, ea
-from tests.replay.conftest import VERSIONS
+from tests.replay.conftest import VERSIONS, run_cli
 
 DATA = Path(__file__).parent.parent / "data" / "logs"
 GOLDEN = DATA / "v6"
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def _cases(missing: str, runs: str, out_file: str) -> list[tuple[list[str], str]
 def test_every_error_path_is_one_line_and_exit_2(two_runs: Path, tmp_path: Path) -> None:
     for argv, message in _cases(str(tmp_path / "missing"), str(two_runs),
                                 str(tmp_path / "t.html")):
-        code, out, err = _run(*argv)
+        code, out, err = run_cli(*argv)
         assert code == 2, (argv, out, err)
         assert err.startswith("error: ") and message in err, (argv, err)
         assert "Traceback" not in out + err, argv
@@ -83,7 +75,7 @@ def test_a_hostile_request_id_is_escaped_and_cut_everywhere(tmp_path: Path) -> N
                  ["explain", str(tmp_path), "--request", "nobody\x1b[2J"],
                  ["requests", str(tmp_path)], ["summary", str(tmp_path)],
                  ["explain", str(tmp_path), "--at", "0"]):
-        code, out, err = _run(*argv)
+        code, out, err = run_cli(*argv)
         outputs.append(out + err)
         assert "\x1b" not in out + err and "\x07" not in out + err, argv
         assert "\u202e" not in out + err, argv

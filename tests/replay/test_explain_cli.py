@@ -3,7 +3,6 @@ summary, whatif, timeline and tail."""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import threading
@@ -16,11 +15,10 @@ from connector.recording import EventRecorder
 from offload_fsm import OffloadConfig, Policy, new_state
 from offload_fsm.testing.synthetic import RecordingWorld
 from offload_fsm.testing.world import FakePool
-from replay.cli import main
 from replay.explain import ExplainObserver
 from replay.runner import replay
 from replay.tail import follow
-from tests.replay.conftest import VERSIONS
+from tests.replay.conftest import VERSIONS, run_cli
 
 CONFIG = OffloadConfig(policy=Policy.EVICTION_AWARE, horizon_steps=2.5,
                        max_drain_per_step=8)
@@ -49,12 +47,6 @@ def _reuse_before_drain(directory: Path, pub_endpoint: str = "") -> Path:
     return directory
 
 
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_explain_tells_the_story_of_a_block_reused_before_drain(tmp_path: Path) -> None:
     log = _reuse_before_drain(tmp_path)
     observer = ExplainObserver("A")
@@ -70,47 +62,47 @@ def test_explain_tells_the_story_of_a_block_reused_before_drain(tmp_path: Path) 
     assert reused < dropped and "reused by B" in texts[dropped]
     assert texts[-1] == "LMCache session ended"
 
-    code, out, _ = _run("explain", str(log), "--request", "A", "--tokens", "0:64")
+    code, out, _ = run_cli("explain", str(log), "--request", "A", "--tokens", "0:64")
     assert code == 0 and "DROPPED (evicted, block" in out and "reused by B" in out
-    code, out, _ = _run("explain", str(log), "--request", "A", "--json")
+    code, out, _ = run_cli("explain", str(log), "--request", "A", "--json")
     assert code == 0 and json.loads(out)["ops"][0]["reused_by"] == "B"
-    code, _, err = _run("explain", str(log), "--request", "nobody")
+    code, _, err = run_cli("explain", str(log), "--request", "nobody")
     assert code == 2 and "does not appear" in err
 
 
 def test_cli_exit_codes(tmp_path: Path, small_log: Path) -> None:
-    assert _run("verify", str(small_log))[0] == 0
-    code, out, _ = _run("verify", str(small_log), "--json")
+    assert run_cli("verify", str(small_log))[0] == 0
+    code, out, _ = run_cli("verify", str(small_log), "--json")
     assert code == 0 and json.loads(out)["ok"] is True
-    assert _run("verify", str(tmp_path / "missing.lolog"))[0] == 2
-    assert _run("verify")[0] == 2
-    assert _run("bogus")[0] == 2
-    assert _run("explain", str(small_log), "--request", "x", "--tokens", "5:1")[0] == 2
+    assert run_cli("verify", str(tmp_path / "missing.lolog"))[0] == 2
+    assert run_cli("verify")[0] == 2
+    assert run_cli("bogus")[0] == 2
+    assert run_cli("explain", str(small_log), "--request", "x", "--tokens", "5:1")[0] == 2
     data = bytearray(small_log.read_bytes())
     data[40] ^= 0xFF
     small_log.write_bytes(bytes(data))
-    code, _, err = _run("verify", str(small_log))
+    code, _, err = run_cli("verify", str(small_log))
     assert code == 3 and "damage:" in err
     small_log.write_bytes(b"")
-    assert _run("verify", str(small_log))[0] == 3
+    assert run_cli("verify", str(small_log))[0] == 3
 
 
 def test_summary_whatif_timeline(tmp_path: Path, mixed_log: Path) -> None:
-    code, out, _ = _run("summary", str(mixed_log), "--json")
+    code, out, _ = run_cli("summary", str(mixed_log), "--json")
     summary = json.loads(out)
     assert code == 0 and summary["ledger_closes"]
     assert summary["ledger"]["ops"]["admitted"] > 0
-    code, out, _ = _run("summary", str(mixed_log))
+    code, out, _ = run_cli("summary", str(mixed_log))
     assert code == 0 and "ledger closes: yes" in out and "deferral" in out
-    code, out, _ = _run("whatif", str(mixed_log), "--policy", "FIFO")
+    code, out, _ = run_cli("whatif", str(mixed_log), "--policy", "FIFO")
     assert code == 0 and "CAVEAT" in out and "what-if FIFO" in out
-    code, out, _ = _run("whatif", str(mixed_log), "--set", "max_drain_per_step=2", "--json")
+    code, out, _ = run_cli("whatif", str(mixed_log), "--set", "max_drain_per_step=2", "--json")
     assert code == 0 and json.loads(out)["whatif"].startswith("EVICTION_AWARE")
-    assert _run("whatif", str(mixed_log), "--set", "max_drain_per_step=0")[0] == 2
+    assert run_cli("whatif", str(mixed_log), "--set", "max_drain_per_step=0")[0] == 2
     html_path = tmp_path / "t.html"
-    assert _run("timeline", str(mixed_log), "-o", str(html_path))[0] == 0
+    assert run_cli("timeline", str(mixed_log), "-o", str(html_path))[0] == 0
     assert "Plotly.newPlot" in html_path.read_text() and "pinned blocks" in html_path.read_text()
-    code, _, err = _run("timeline", str(mixed_log), "-o", str(tmp_path / "t.png"))
+    code, _, err = run_cli("timeline", str(mixed_log), "-o", str(tmp_path / "t.png"))
     assert code == 2 and "expected FILE.html" in err and not (tmp_path / "t.png").exists()
 
 
@@ -183,9 +175,9 @@ def test_explain_summarises_block_lists_and_verbose_lists_every_id(tmp_path: Pat
     assert blocks_text([1, 3, 5, 7, 9, 11]) == "blocks=6 [1, 3, 5, 7, +2 more runs]"
     assert blocks_text([3, 2], verbose=True) == "blocks=2 [3, 2]"
     log = _reuse_before_drain(tmp_path)
-    code, out, _ = _run("explain", str(log), "--request", "A")
+    code, out, _ = run_cli("explain", str(log), "--request", "A")
     assert code == 0
     assert "on blocks=2 [0-1]" in out
-    code, out, _ = _run("explain", str(log), "--request", "A", "--verbose")
+    code, out, _ = run_cli("explain", str(log), "--request", "A", "--verbose")
     assert code == 0
     assert "on blocks=2 [0, 1]" in out

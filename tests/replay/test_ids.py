@@ -7,23 +7,16 @@ inside it."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from replay.cli import main
+from tests.replay.conftest import run_cli
 
 DATA = Path(__file__).parent.parent / "data" / "logs"
 GOLDEN = DATA / "v6"
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
@@ -35,37 +28,37 @@ def two_runs(tmp_path: Path) -> Path:
 
 
 def test_a_unique_prefix_resolves_and_says_so() -> None:
-    code, out, err = _run("explain", str(GOLDEN), "--request", "s88t")
+    code, out, err = run_cli("explain", str(GOLDEN), "--request", "s88t")
     assert code == 2 and "ambiguous: 10 ids start with it (s88t0, s88t1" in err
-    code, out, err = _run("explain", str(GOLDEN), "--request", "s2t0")
+    code, out, err = run_cli("explain", str(GOLDEN), "--request", "s2t0")
     assert code == 0 and out.startswith("request s2t0:")
-    code, out, err = _run("explain", str(GOLDEN), "--request", "s31t")
+    code, out, err = run_cli("explain", str(GOLDEN), "--request", "s31t")
     assert code == 0 and out.startswith("request s31t0:")
     assert "note: request s31t is s31t0" in err
 
 
 def test_a_miss_suggests_the_closest_ids_and_exits_2() -> None:
-    code, out, err = _run("explain", str(GOLDEN), "--request", "s88t5x")
+    code, out, err = run_cli("explain", str(GOLDEN), "--request", "s88t5x")
     assert code == 2 and out == ""
     assert err.startswith("error: request s88t5x does not appear in")
     assert "did you mean s88t5," in err
 
 
 def test_a_step_outside_the_log_gives_its_range_and_exits_2() -> None:
-    code, _, err = _run("explain", str(GOLDEN), "--at", "99999")
+    code, _, err = run_cli("explain", str(GOLDEN), "--at", "99999")
     assert code == 2 and "--at 99999: the log's token steps are 0 to 1312" in err
-    code, out, _ = _run("explain", str(GOLDEN), "--at", "1312")
+    code, out, _ = run_cli("explain", str(GOLDEN), "--at", "1312")
     assert code == 0 and out.startswith("token step 1312:")
 
 
 def test_requests_lists_outcomes_filtered_by_cause() -> None:
-    code, out, _ = _run("requests", str(GOLDEN), "--cause", "stale")
+    code, out, _ = run_cli("requests", str(GOLDEN), "--cause", "stale")
     assert code == 0
     lines = out.splitlines()
     assert lines[-1] == "3 requests with stale"
     assert lines[0].split() == ["s88t5", "2", "ops:", "stored", "1,", "dropped", "1",
                                 "(stale);", "lost", "512", "tokens"]
-    code, out, _ = _run("requests", str(GOLDEN), "--json")
+    code, out, _ = run_cli("requests", str(GOLDEN), "--json")
     rows = json.loads(out)
     assert code == 0 and len(rows) == len({row["req_id"] for row in rows}) > 100
     every = sum(row["ops"] for row in rows)
@@ -73,7 +66,7 @@ def test_requests_lists_outcomes_filtered_by_cause() -> None:
 
 
 def test_summary_top_losses_give_the_cause_and_the_command() -> None:
-    code, out, _ = _run("summary", str(GOLDEN), "--top", "2")
+    code, out, _ = run_cli("summary", str(GOLDEN), "--top", "2")
     assert code == 0
     lines = out.splitlines()
     at = lines.index("top requests by loss (explain one: the command under it):")
@@ -83,13 +76,13 @@ def test_summary_top_losses_give_the_cause_and_the_command() -> None:
 
 
 def test_a_directory_of_runs_finds_the_run_that_holds_the_id(two_runs: Path) -> None:
-    code, out, err = _run("explain", str(two_runs), "--request", "s88t5")
+    code, out, err = run_cli("explain", str(two_runs), "--request", "s88t5")
     assert code == 0 and out.startswith("request s88t5:")
     assert "note: s88t5 is in run alpha (--prefix alpha)" in err
     shutil.copy(two_runs / "alpha-000000.lolog", two_runs / "gamma-000000.lolog")
-    code, _, err = _run("explain", str(two_runs), "--request", "s88t5")
+    code, _, err = run_cli("explain", str(two_runs), "--request", "s88t5")
     assert code == 2 and "is in 2 runs" in err and "--prefix alpha, --prefix gamma" in err
-    code, _, err = _run("explain", str(two_runs), "--request", "nobody")
+    code, _, err = run_cli("explain", str(two_runs), "--request", "nobody")
     assert code == 2 and "does not appear in any of the 3 runs" in err
 
 
@@ -97,7 +90,7 @@ def test_a_folder_of_run_folders_names_them(tmp_path: Path) -> None:
     for stamp in ("20261206-101500", "20261206-111500"):
         (tmp_path / "events" / stamp).mkdir(parents=True)
         shutil.copy(GOLDEN / "golden-000000.lolog", tmp_path / "events" / stamp)
-    code, _, err = _run("summary", str(tmp_path / "events"))
+    code, _, err = run_cli("summary", str(tmp_path / "events"))
     assert code == 2
     assert (f"no .lolog files; the run folders inside it: {tmp_path}/events/20261206-101500, "
             f"{tmp_path}/events/20261206-111500 (pass one of them)") in err
@@ -106,8 +99,8 @@ def test_a_folder_of_run_folders_names_them(tmp_path: Path) -> None:
 def test_a_step_inside_a_quiet_run_is_found_not_refused() -> None:
     """A schema 7 log reports quiet token steps together (``StepsPassed``): a
     step inside such a run is in the log, and says so."""
-    code, out, err = _run("explain", str(DATA / "v7"), "--at", "5")
+    code, out, err = run_cli("explain", str(DATA / "v7"), "--at", "5")
     assert code == 0, err
     assert out.startswith("token step 5 passed quietly: seq 3 reported steps 2 to 11 together")
-    code, _, err = _run("explain", str(DATA / "v7"), "--at", "1667")
+    code, _, err = run_cli("explain", str(DATA / "v7"), "--at", "1667")
     assert code == 2 and "the log's token steps are 0 to 1666" in err

@@ -4,7 +4,6 @@ rejection (or reports a divergence when the core would have applied it)."""
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -33,21 +32,14 @@ from offload_fsm.vocabulary.events import (
     StepScheduled,
 )
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.cli import main
 from replay.reader import read_log
 from replay.runner import replay
 from replay.tail import describe
 from tests.logrecords import encode_record
-from tests.replay.conftest import VERSIONS
+from tests.replay.conftest import VERSIONS, run_cli
 
 GOLDEN_V1 = Path(__file__).parents[1] / "data" / "logs" / "v1"
 Applied = Sequence[tuple[Event, Outcome]]
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _recorder(directory: Path, **options: Any) -> EventRecorder:
@@ -183,14 +175,14 @@ def test_verify_reproduces_a_recorded_rejection(tmp_path: Path) -> None:
     assert result.state is not None and result.state.closed is not None
     assert not result.ok and result.ended_cleanly
 
-    code, out, _ = _run("verify", str(tmp_path))
+    code, out, _ = run_cli("verify", str(tmp_path))
     assert code == 1, out
     seq = result.rejection.seq
     assert f"rejected: event {seq} HashesRead was rejected by the core: " in out
     assert out.rstrip().endswith("(reproduced on replay: yes)")
     assert "replay stopped early" not in out and "OK" not in out
 
-    code, out, _ = _run("verify", str(tmp_path), "--json")
+    code, out, _ = run_cli("verify", str(tmp_path), "--json")
     data = json.loads(out)
     assert code == 1 and data["ok"] is False and data["divergence"] is None
     assert data["rejection"]["seq"] == seq and data["rejection"]["reproduced"] is True
@@ -215,7 +207,7 @@ def test_the_analyses_cover_a_run_up_to_its_rejection(tmp_path: Path) -> None:
     for argv in (("summary", log), ("explain", log, "--request", "r0"),
                  ("whatif", log, "--policy", "EVICTION_AWARE"),
                  ("timeline", log, "-o", str(tmp_path / "t.html"))):
-        code, out, err = _run(*argv)
+        code, out, err = run_cli(*argv)
         assert code == 0, (argv, out, err)
         assert "warning: event " in err and "(reproduced on replay: yes)" in err, argv
     assert (tmp_path / "t.html").exists()
@@ -238,7 +230,7 @@ def test_a_rejected_observation_has_no_prefix(tmp_path: Path) -> None:
     recorder.close(world.state)
     assert [type(r).__name__ for r in _records(tmp_path)] == ["Header", "Inputs", "Rejected",
                                                              "Index", "End"]
-    code, out, _ = _run("verify", str(tmp_path))
+    code, out, _ = run_cli("verify", str(tmp_path))
     assert code == 1
     (line,) = [line for line in out.splitlines() if line.startswith("rejected:")]
     assert line.startswith(
@@ -263,7 +255,7 @@ def test_a_rejection_the_core_does_not_reproduce_is_a_divergence(tmp_path: Path)
     assert (result.divergence.seq, result.divergence.kind) == (1, "outcome")
     assert result.divergence.detail == "recorded as rejected, but the core applied it"
     assert result.rejection is not None and result.rejection.reproduced is False
-    code, out, _ = _run("verify", str(tmp_path))
+    code, out, _ = run_cli("verify", str(tmp_path))
     assert code == 1
     assert "DIVERGED at seq 1 (outcome): recorded as rejected, but the core applied it" in out
     assert ("rejected: event 1 RequestArrived (request 'r2') was rejected by the core: "
@@ -277,7 +269,7 @@ def test_a_rejection_the_core_does_not_reproduce_is_a_divergence(tmp_path: Path)
 def test_the_v1_golden_log_still_verifies_clean() -> None:
     # (recorded before chunk-granularity selection: its header lacks the key,
     # so it replays with the rule off, as it was recorded)
-    code, out, err = _run("verify", str(GOLDEN_V1))
+    code, out, err = run_cli("verify", str(GOLDEN_V1))
     assert code == 0, (out, err)
     assert out.endswith("OK: every outcome and digest matches\n")
     records = _records(GOLDEN_V1)

@@ -5,7 +5,6 @@ last file) or a start snapshot does not restore (with a note)."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -15,15 +14,8 @@ import pytest
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.peek import payload_kind
 from offload_fsm.log.records import INDEX, SNAPSHOT
-from replay.cli import main
 from replay.seek import segments
-from tests.replay.conftest import record_workload
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
+from tests.replay.conftest import record_workload, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +29,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _same(directory: Path, *which: str) -> dict[str, object]:
-    code, out, err = _run("explain", str(directory), *which, "--json")
-    full_code, full_out, _ = _run("explain", str(directory), *which, "--json", "--no-index")
+    code, out, err = run_cli("explain", str(directory), *which, "--json")
+    full_code, full_out, _ = run_cli("explain", str(directory), *which, "--json", "--no-index")
     assert (code, json.loads(out)) == (full_code, json.loads(full_out)), which
     return {"data": json.loads(out), "err": err, "code": code}
 
@@ -63,7 +55,7 @@ def test_explain_a_request_through_the_index(run: Path, req_id: str) -> None:
 def test_an_absent_request_or_step_is_a_usage_error_either_way(run: Path) -> None:
     for which in (("--request", "nobody"), ("--at", str(10**6))):
         for index in ((), ("--no-index",)):
-            code, out, err = _run("explain", str(run), *which, *index)
+            code, out, err = run_cli("explain", str(run), *which, *index)
             assert code == 2 and out == "" and err.startswith("error: "), (which, index)
 
 
@@ -74,7 +66,7 @@ def test_explain_a_step_through_the_index(run: Path) -> None:
     for step in (0, 7, last // 2, last - 3, last):
         data = _same(run, "--at", str(step))["data"]
         assert isinstance(data, dict) and data["found"]
-    code, out, _ = _run("explain", str(run), "--at", "7")
+    code, out, _ = run_cli("explain", str(run), "--at", "7")
     assert code == 0 and out.startswith("token step 7:") and "StepScheduled(" in out
 
 
@@ -121,14 +113,14 @@ def test_a_snapshot_that_does_not_restore_replays_from_the_beginning(
     target.path.write_bytes(raw[: target.offset] + frame(forged)
                             + raw[target.offset + 12 + len(records[at].payload):])
     assert files
-    code, out, err = _run("explain", str(tmp_path / "copy"), "--request", "req-75", "--json")
+    code, out, err = run_cli("explain", str(tmp_path / "copy"), "--request", "req-75", "--json")
     assert "does not restore: replayed from the beginning" in err
-    full = _run("explain", str(tmp_path / "copy"), "--request", "req-75", "--json",
+    full = run_cli("explain", str(tmp_path / "copy"), "--request", "req-75", "--json",
                 "--no-index")
     assert json.loads(out) == json.loads(full[1])
 
 
 def test_an_old_log_has_no_index_and_says_so() -> None:
     golden = Path(__file__).parents[1] / "data" / "logs" / "v3"
-    code, out, err = _run("explain", str(golden), "--request", "req-3")
+    code, out, err = run_cli("explain", str(golden), "--request", "req-3")
     assert code == 0 and "req-3" in out and "no usable index" in err

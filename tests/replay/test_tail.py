@@ -5,7 +5,6 @@ than a frame is refused by the socket itself (``zmq.MAXMSGSIZE``)."""
 
 from __future__ import annotations
 
-import io
 import socket
 import threading
 import time
@@ -19,15 +18,9 @@ import zmq
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.records import PUB_TOPIC, encode_digest
 from replay import tail
-from replay.cli import main
+from tests.replay.conftest import run_cli
 
 GOLDEN = Path(__file__).parent.parent / "data" / "logs" / "v6"
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _free_port() -> int:
@@ -44,18 +37,18 @@ def _frames() -> tuple[bytes, bytes]:
 
 
 def test_a_path_is_a_usage_error_without_a_traceback() -> None:
-    code, out, err = _run("tail", str(GOLDEN))
+    code, out, err = run_cli("tail", str(GOLDEN))
     assert code == 2 and out == ""
     assert "is a file or directory, not an endpoint" in err and "Traceback" not in err
-    code, _, err = _run("tail", "localhost:5600")
+    code, _, err = run_cli("tail", "localhost:5600")
     assert code == 2 and "expected an endpoint such as tcp://127.0.0.1:5600" in err
-    code, _, err = _run("tail", "tcp://localhost")
+    code, _, err = run_cli("tail", "tcp://localhost")
     assert code == 2 and "expected tcp://HOST:PORT" in err
 
 
 def test_nothing_listening_says_so_and_how_to_check() -> None:
     port = _free_port()
-    code, out, err = _run("tail", f"tcp://127.0.0.1:{port}", "--timeout", "0.5")
+    code, out, err = run_cli("tail", f"tcp://127.0.0.1:{port}", "--timeout", "0.5")
     assert code == 1
     assert f"nothing is listening at tcp://127.0.0.1:{port} (yet); still trying" in out
     assert f"ss -ltn 'sport = :{port}'" in out

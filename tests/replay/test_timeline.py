@@ -4,7 +4,6 @@ missing extra, and the page as a real headless Chromium draws it."""
 
 from __future__ import annotations
 
-import io
 import sys
 from collections import Counter
 from html.parser import HTMLParser
@@ -23,7 +22,6 @@ from offload_fsm.vocabulary.decisions import (
 )
 from offload_fsm.vocabulary.events import CandidateOffered, Event, StepScheduled
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.cli import main
 from replay.opstory import DROP_WHY
 from replay.reader import Entry, read_log
 from replay.runner import replay
@@ -38,16 +36,11 @@ from replay.timeline import (
 from replay.timeline_plot import COLOURS, figure, outcome_of, write_html
 from testkit import browser
 from testkit.env import require_program
+from tests.replay.conftest import run_cli
 
 DATA = Path(__file__).parents[1] / "data"
 SIM = DATA / "sim_logs" / "sim-ea-3"  # a real simulator run (the current core replays all of it)
 GOLDEN = DATA / "logs" / "v3"
-
-
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _inputs(path: Path) -> list[Inputs]:
@@ -172,7 +165,7 @@ def test_requests_pick_the_lanes_and_the_cli_says_what_it_drew(tmp_path: Path) -
     assert [outcome_of(op) for op in timeline.lanes[1].ops] == ["dropped: duplicate",
                                                                 "dropped: evicted"]
     page = tmp_path / "two.html"
-    code, out, err = _run("timeline", str(SIM), "-o", str(page), "--requests", "s45t0,s80t1")
+    code, out, err = run_cli("timeline", str(SIM), "-o", str(page), "--requests", "s45t0,s80t1")
     assert code == 0, err
     assert "4133 token steps in 1034 points; store ops of the 2 requests asked for" in out
     assert "first 2304 tokens trimmed: duplicate" in page.read_text()
@@ -194,15 +187,15 @@ def test_without_plotly_the_error_names_the_extra(tmp_path: Path,
     for module in [m for m in sys.modules if m == "plotly" or m.startswith("plotly.")]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly raises ImportError
-    code, _, err = _run("timeline", str(GOLDEN), "-o", str(tmp_path / "t.html"))
+    code, _, err = run_cli("timeline", str(GOLDEN), "-o", str(tmp_path / "t.html"))
     assert code == 2 and "'plot' extra" in err and "plotly" in err
     assert not (tmp_path / "t.html").exists()
 
 
 def test_bad_lanes_and_missing_directories_are_usage_errors(tmp_path: Path) -> None:
-    code, _, err = _run("timeline", str(GOLDEN), "-o", str(tmp_path / "t.html"), "--lanes", "0")
+    code, _, err = run_cli("timeline", str(GOLDEN), "-o", str(tmp_path / "t.html"), "--lanes", "0")
     assert code == 2 and "--lanes 0: expected 1..200" in err
-    code, _, err = _run("timeline", str(GOLDEN), "-o", str(tmp_path / "no" / "t.html"))
+    code, _, err = run_cli("timeline", str(GOLDEN), "-o", str(tmp_path / "no" / "t.html"))
     assert code == 2 and "No such file or directory" in err
 
 

@@ -6,34 +6,27 @@ few short lines."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import attrs
 
 from offload_fsm.vocabulary.config import OffloadConfig, Policy
 from replay import whatif
-from replay.cli import main
+from tests.replay.conftest import run_cli
 
 GOLDEN = Path(__file__).parent.parent / "data" / "logs" / "v6"
 
 
-def _run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_a_knob_the_policy_does_not_read_is_refused() -> None:
-    code, out, err = _run("whatif", str(GOLDEN), "--set", "threshold=2")
+    code, out, err = run_cli("whatif", str(GOLDEN), "--set", "threshold=2")
     assert code == 2 and out == ""
     assert ("--set threshold: EVICTION_AWARE does not read it (a FIFO knob; EVICTION_AWARE "
             "reads horizon_steps") in err and "add --policy FIFO" in err
-    code, _, err = _run("whatif", str(GOLDEN), "--policy", "FIFO", "--set", "horizon_steps=5")
+    code, _, err = run_cli("whatif", str(GOLDEN), "--policy", "FIFO", "--set", "horizon_steps=5")
     assert code == 2 and "FIFO does not read it (a EVICTION_AWARE knob" in err
-    code, _, err = _run("whatif", str(GOLDEN), "--set", "log_dir=/tmp")
+    code, _, err = run_cli("whatif", str(GOLDEN), "--set", "log_dir=/tmp")
     assert code == 2 and "the connector reads it, not the core" in err
-    code, out, _ = _run("whatif", str(GOLDEN), "--policy", "FIFO", "--set", "threshold=2")
+    code, out, _ = run_cli("whatif", str(GOLDEN), "--policy", "FIFO", "--set", "threshold=2")
     assert code == 0 and "what-if FIFO" in out
 
 
@@ -60,17 +53,17 @@ def test_the_policy_knobs_table_says_what_each_policy_reads(mixed_log: Path) -> 
 
 def test_out_says_where_it_wrote_names_apart_and_never_overwrites(tmp_path: Path) -> None:
     out_dir = tmp_path / "wi"
-    code, out, err = _run("whatif", str(GOLDEN), "--policy", "FIFO", "--out", str(out_dir))
+    code, out, err = run_cli("whatif", str(GOLDEN), "--policy", "FIFO", "--out", str(out_dir))
     assert code == 0, err
     assert (f"wrote the re-simulated original to {out_dir}/original and the what-if to "
             f"{out_dir}/whatif; compare them: replay diff {out_dir}/original "
             f"{out_dir}/whatif") in out
     assert [p.name for p in (out_dir / "original").iterdir()] == ["original-000000.lolog"]
     assert [p.name for p in (out_dir / "whatif").iterdir()] == ["whatif-000000.lolog"]
-    code, _, err = _run("whatif", str(GOLDEN), "--policy", "FIFO", "--out", str(out_dir))
+    code, _, err = run_cli("whatif", str(GOLDEN), "--policy", "FIFO", "--out", str(out_dir))
     assert code == 2 and "original-000000.lolog exists; pick another directory" in err
 
-    code, out, _ = _run("diff", str(out_dir / "original"), str(out_dir / "whatif"),
+    code, out, _ = run_cli("diff", str(out_dir / "original"), str(out_dir / "whatif"),
                         "--no-ledgers")
     lines = out.splitlines()
     assert code == 1
