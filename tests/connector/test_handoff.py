@@ -582,20 +582,10 @@ def test_a_failure_inside_the_hand_off_is_an_outage_not_an_exception() -> None:
     assert link.messages[-1][0] == END and link.messages[-1][1] == len(world.applied)
 
 
-def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
-        tmp_path: Any) -> None:
-    """What the recorder queues for its writer are Python objects, 10-15
-    times their wire bytes: the queue's bound weighs them so. Measured: the
-    memory the recorder holds more once a stalled writer's queue filled is
-    within the weight the bound counted for it (what the drain then
-    allocates, zlib's state and the file's buffers, is the writer's, not the
-    queue's)."""
-    import gc
-    import tracemalloc
 
-    from connector.recorder import Recorder
-    from offload_fsm import Settings
-
+def _handed_over(requests: int) -> tuple[list[bytes], Any]:
+    """The messages a hand-off sends for a seeded workload of ``requests``
+    (START first, END last), and the workload's world."""
     link = FakeLink()
     sent: list[bytes] = []
     take = link.send
@@ -607,13 +597,36 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
     link.send = keep  # type: ignore[method-assign]
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
                       flush_every_s=0.0, register_atexit=False, idle_flush=False)
-    world = run_workload(requests=200, seed=3, sink=handoff.record)
+    world = run_workload(requests=requests, seed=3, sink=handoff.record)
     handoff.close(world.state)
-    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
+    return sent, world
+
+
+def _recorder(directory: Any, *, budget_bytes: int) -> Any:
+    """A recorder (``connector.recorder.Recorder``, in this process) writing to ``directory``."""
+    from connector.recorder import Recorder
+    from offload_fsm import Settings
+
+    spec = {"directory": str(directory), "prefix": "run", "world_size": 2,
             "header_config": Settings(offload=default_config()).to_wire(),
             "versions": {"package": "test", "vllm": "", "lmcache": ""},
-            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 1 << 30}
-    recorder = Recorder(spec, lambda message: None)
+            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": budget_bytes}
+    return Recorder(spec, lambda message: None)
+
+def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
+        tmp_path: Any) -> None:
+    """What the recorder queues for its writer are Python objects, 10-15
+    times their wire bytes: the queue's bound weighs them so. Measured: the
+    memory the recorder holds more once a stalled writer's queue filled is
+    within the weight the bound counted for it (what the drain then
+    allocates, zlib's state and the file's buffers, is the writer's, not the
+    queue's)."""
+    import gc
+    import tracemalloc
+
+
+    sent, world = _handed_over(200)
+    recorder = _recorder(tmp_path, budget_bytes=1 << 30)
     recorder.handle(sent[0])  # START
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     held = threading.Event()
@@ -660,28 +673,11 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
     the writer dropping events."""
     import zmq
 
-    from connector.recorder import Recorder, _take_waiting
-    from offload_fsm import Settings
+    from connector.recorder import _take_waiting
 
-    link = FakeLink()
-    sent: list[bytes] = []
-    take = link.send
-
-    def keep(message: bytes) -> bool:
-        sent.append(message)
-        return take(message)
-
-    link.send = keep  # type: ignore[method-assign]
-    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
-                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
-    world = run_workload(requests=200, seed=3, sink=handoff.record)
-    handoff.close(world.state)
-    spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
-            "header_config": Settings(offload=default_config()).to_wire(),
-            "versions": {"package": "test", "vllm": "", "lmcache": ""},
-            "max_file_bytes": 1 << 26, "max_total_bytes": None, "budget_bytes": 256 << 10}
-    recorder = Recorder(spec, lambda message: None)
-    recorder.handle(sent[0])
+    sent, world = _handed_over(200)
+    recorder = _recorder(tmp_path, budget_bytes=256 << 10)
+    recorder.handle(sent[0])  # START
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     release = threading.Event()
     encode = writer._encode
