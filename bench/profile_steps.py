@@ -227,7 +227,7 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     def filed(self: Any, step: int) -> None:
         if "_profile_run" not in self.__dict__:
             self._profile_run = next(_RUNS)
-            spec = _SPECS.get(getattr(getattr(self.view.mgr, "_recorder", None), "_launch",
+            spec = _SPECS.get(getattr(getattr(self.view.mgr, "_event_log", None), "_launch",
                                       None))
             if spec is not None:  # the log on: its recorder writes it there
                 _RUN_LOGS[(self.arm.name, self._profile_run)] = (

@@ -124,18 +124,18 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         world_size = int(strategy.vllm_world_size)
         engine_index = engine_index_of(vllm_config.parallel_config)
         run = _run_prefix(engine_index)
-        recorder = self._handoff = _make_handoff(settings, world_size, engine_index,
-                                                 prefix=run)
+        handoff = self._handoff = _make_handoff(settings, world_size, engine_index,
+                                                prefix=run)
         self._lazy_offload_manager = EventSourcedManager(
             config,
             world_size=world_size,
             group_tokens_per_block=list(self._group_tokens_per_block),
             step_budget_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
-            recorder=recorder,
-            run=run if recorder is not None else "",
+            event_log=handoff,
+            run=run if handoff is not None else "",
         )
-        self._stats_source = metrics.StatsSource(self._lazy_offload_manager, recorder)
+        self._stats_source = metrics.StatsSource(self._lazy_offload_manager, handoff)
         self._chunk_tokens = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
         self._lazy_candidates = True
         # Always hooked: the signal also seals the log before vLLM stops its

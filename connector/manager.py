@@ -142,14 +142,18 @@ class EventSourcedManager:
         group_tokens_per_block: list[int],
         step_budget_tokens: int = 0,
         chunk_tokens: int = 0,
-        recorder: Any = None,
+        event_log: Any = None,
         clock: Callable[[], float] = time.monotonic,
         fingerprint: blocks.Fingerprint | None = None,
         run: str = "",
     ) -> None:
-        """``fingerprint``: of a block hash (default: this run's keyed one,
-        ``blocks.fingerprinter``); ``run``: the event log's file prefix, which
-        every warning about a request carries ("": no log)."""
+        """``event_log``: where applied events are recorded (``record``,
+        ``record_rejected``, ``close``): the hand-off to the recorder process
+        (``connector.handoff.Handoff``) in vLLM, an in-process
+        ``connector.recording.EventRecorder`` in tests and benches, None with
+        the log off. ``fingerprint``: of a block hash (default: this run's
+        keyed one, ``blocks.fingerprinter``); ``run``: the event log's file
+        prefix, which every warning about a request carries ("": no log)."""
         self.config = config
         self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
         self.state = new_state(config, world_size=world_size)
@@ -160,7 +164,7 @@ class EventSourcedManager:
         self._blocks_per_chunk = chunk_tokens // group_tokens_per_block[0] if single else 0
         # The most blocks one schedule() can hand out for its token budget.
         self._step_budget_blocks = self._blocks_for(step_budget_tokens)
-        self._recorder = recorder
+        self._event_log = event_log
         self._clock = clock
         self._pool: Any = None
         self._seq = 0
@@ -394,9 +398,9 @@ class EventSourcedManager:
                 self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
             self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
         finally:  # whatever went wrong above, the log gets its END
-            if self._recorder is not None:
+            if self._event_log is not None:
                 # A closed state's digest means nothing to replay.
-                self._recorder.close(self.state if self._drain is None else None)
+                self._event_log.close(self.state if self._drain is None else None)
 
     def _log_left(self) -> None:
         """With a tail flush on: one line with what never reached LMCache."""
@@ -590,9 +594,9 @@ class EventSourcedManager:
             self._note(outcome)
             self._narrator.note(outcome)
         self._seq += len(applied)
-        if record and self._recorder is not None and applied:
+        if record and self._event_log is not None and applied:
             try:
-                self._recorder.record(list(applied), self.state)
+                self._event_log.record(list(applied), self.state)
             except Exception as error:  # the log's failure, not offload's: never drain-only
                 self._hook_failed("record", error)
 
@@ -678,8 +682,8 @@ class EventSourcedManager:
                 # These did apply: note them, and record them (a rejection's
                 # record_rejected records them before its REJECTED, once).
                 self._applied(error.applied, record=not isinstance(error, StepFailed))
-            if isinstance(error, StepFailed) and self._recorder is not None:
-                self._recorder.record_rejected(error.applied, event, error.reason, self.state)
+            if isinstance(error, StepFailed) and self._event_log is not None:
+                self._event_log.record_rejected(error.applied, event, error.reason, self.state)
         except Exception as secondary:
             self._log.error("lazy offload: could not record the failure",
                             reason=repr(secondary))

@@ -262,9 +262,11 @@ class StatsSource:
     age is O(1) amortized (:meth:`_oldest_age`).
     """
 
-    def __init__(self, manager: Any, recorder: Any = None) -> None:
+    def __init__(self, manager: Any, handoff: Any = None) -> None:
+        """``handoff``: the event log's ``connector.handoff.Handoff`` (its
+        gauges), or None with the log off."""
         self._manager = manager
-        self._recorder = recorder
+        self._handoff = handoff
         self._counters: dict[Counter, int] | None = None  # the dict the keys below are of
         self._keys: tuple[str, ...] = ()  # its counters' names, in its order
         self._indexes: range = range(0)
@@ -345,18 +347,18 @@ class StatsSource:
 
     def _scalars(self, state: Any, draining: bool) -> tuple[tuple[str, int], ...]:
         """The gauges read in O(1) every call."""
-        handoff = self._recorder
+        handoff = self._handoff
         if handoff is None:
             log: tuple[tuple[str, int], ...] = ()
         else:
-            recorder = handoff.recorder_stats
+            recorded = handoff.recorder_stats
             log = (
-                ("log_items_lost", int(recorder.get("items_lost", 0))),
+                ("log_items_lost", int(recorded.get("items_lost", 0))),
                 ("log_handoff_events_lost", handoff.events_lost),
                 ("log_handoff_bytes_in_flight", handoff.stats.bytes_in_flight),
                 ("log_recorder_restarts", handoff.stats.recorder_restarts),
                 ("log_recorder_up", int(handoff.recorder_up)),
-                ("log_pub_bind_failed", int(recorder.get("pub_bind_failed", 0))),
+                ("log_pub_bind_failed", int(recorded.get("pub_bind_failed", 0))),
             )
         return (
             ("oldest_buffered_op_age_steps", self._oldest_age(state)),

@@ -50,7 +50,7 @@ class Shell:
         recorder = None if log_dir is None else EventRecorder(
             offload, 1, log_dir, {"package": "test", "vllm": "", "lmcache": ""})
         self.mgr = EventSourcedManager(offload, world_size=1, group_tokens_per_block=[BLOCK],
-                                       clock=self.clock, recorder=recorder,
+                                       clock=self.clock, event_log=recorder,
                                        chunk_tokens=chunk_tokens)
         self.mgr.bind_block_pool(self.pool)
         self.blocks: dict[str, list[int]] = {}
@@ -256,7 +256,7 @@ def test_a_failing_event_log_never_stops_offload(
     """The recorder's ``record`` raising is the log's failure, not the
     core's: one error line, and offload goes on (no drain-only mode)."""
     s = Shell(log_dir=str(tmp_path))
-    recorder = s.mgr._recorder
+    recorder = s.mgr._event_log
 
     def broken(applied: Any, state: Any) -> None:
         raise OSError("the log broke")
