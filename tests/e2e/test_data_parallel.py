@@ -59,18 +59,30 @@ def test_two_engines_log_and_report_under_their_own_index(
     with running_api_server(tiny_model_dir, kv_transfer_config, log_path,
                             extra_args=("--data-parallel-size", "2"),
                             extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as port:
-        for _ in range(8):  # vLLM balances requests over the two engines
+
+        def complete() -> None:
             prompt = [rng.randrange(3, 2048) for _ in range(300)]
             reply = post_json(f"http://127.0.0.1:{port}/v1/completions", {
                 "model": str(tiny_model_dir), "prompt": prompt, "max_tokens": 4,
                 "temperature": 0.0, "ignore_eos": True})
             assert reply["usage"]["completion_tokens"] == 4
+
+        for _ in range(8):  # vLLM balances requests over the two engines
+            complete()
+        # Each engine's recorder process must be up before vLLM's shutdown
+        # kills its process tree (abort mode): on a loaded box its interpreter
+        # may still be starting after 8 short requests. Its gauge moves when
+        # the engine records, so requests go on until both report it up.
         deadline = time.monotonic() + 60
         while True:
             admitted = _per_engine(port, f"{P}admitted_ops_total")
-            if len([v for v in admitted.values() if v > 0]) == 2 or time.monotonic() > deadline:
+            up = _per_engine(port, f"{P}log_recorder_up")
+            if (len([v for v in admitted.values() if v > 0]) == 2
+                    and sorted(up.values()) == [1.0, 1.0]) or time.monotonic() > deadline:
                 break
-            time.sleep(1.0)
+            complete()
+            time.sleep(0.5)
+        assert sorted(up.values()) == [1.0, 1.0], up
         assert set(admitted) == {"0", "1"}, admitted
         assert all(value > 0 for value in admitted.values()), admitted
     prefixes = run_prefixes(log_dir)
