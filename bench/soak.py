@@ -4,7 +4,7 @@ with no connector and with stock eager LMCache. A bench, not a test: it asserts
 nothing; it measures and prints.
 
     PYTHONPATH=. .venv/bin/python -m bench.soak [--minutes 30] [--baseline-minutes 5]
-        [--concurrency 8] [--blocks 256] [--out DIR]
+        [--concurrency 8] [--blocks 256] [--side-by-side] [--out DIR]
 
 Contract. One command; it builds the tiny model (``testkit.tiny_model``), starts a
 real ``lmcache server`` on loopback per LMCache arm (``testkit.lmcache_server``) and
@@ -18,7 +18,10 @@ EVICTION_AWARE, event log on with a 1 MiB directory bound and 128 KiB files; rec
 lease 30 s), then for ``--baseline-minutes`` each
 ``none`` (no KV connector), ``stock_eager`` (LMCache's ``LMCacheMPConnector``, lazy
 offload off) and ``ours_log_off`` (ours with ``lazy_offload_log_dir=""``: what the
-event log costs a request on the real engine). The LMCache arms use LMCache's fast
+event log costs a request on the real engine); ``--side-by-side`` runs the arms at
+once instead, each with its own servers, so a long run's RSS slope has a baseline over
+the same hours and the same load (latencies then share the cores and do not compare
+with a one-arm run). The LMCache arms use LMCache's fast
 failure detection (heartbeat 1 s, ``mq_timeout`` 5 s, as README "Running with an
 unreliable LMCache server" advises).
 This traffic writes about 0.1 MiB of event log a minute, so the README's example bound
@@ -89,6 +92,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -1004,6 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage-s", type=float, default=10.0)
     parser.add_argument("--lose-receipt-at", type=float, default=0.6)
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run the arms at once, each on its own server and pool: a "
+                             "long soak's RSS slope beside a baseline's over the same hours "
+                             "and the same machine load")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     out = args.out or Path(f"/tmp/soak-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -1017,18 +1025,28 @@ def main(argv: list[str] | None = None) -> int:
     from testkit.tiny_model import build_tiny_llama
 
     model_dir = build_tiny_llama(out / "model")
+    arms = [(arm, args.minutes if arm == "ours" else args.baseline_minutes)
+            for arm in (a.strip() for a in args.arms.split(",")) if arm]
+    arms = [(arm, minutes) for arm, minutes in arms if minutes > 0]
     results: list[dict[str, Any]] = []
-    for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
-        minutes = args.minutes if arm == "ours" else args.baseline_minutes
-        if minutes <= 0:
-            continue
+
+    def one(arm: str, minutes: float) -> dict[str, Any]:
         try:
-            results.append(run_arm(arm, minutes, model_dir, out, args))
+            return run_arm(arm, minutes, model_dir, out, args)
         except Exception as error:  # noqa: BLE001 - report the other arms anyway
             print(f"arm {arm} failed: {error!r}", flush=True)
-            results.append({"arm": arm, "name": ARM_NAMES[arm], "error": repr(error)})
-        (out / "soak.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                  indent=1, default=str))
+            return {"arm": arm, "name": ARM_NAMES[arm], "error": repr(error)}
+
+    if args.side_by_side:
+        with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+            results = list(pool.map(lambda a: one(*a), arms))
+    else:
+        for arm, minutes in arms:
+            results.append(one(arm, minutes))
+            (out / "soak.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                      indent=1, default=str))
+    (out / "soak.json").write_text(json.dumps({"meta": meta, "results": results},
+                                              indent=1, default=str))
     text = report(results, args)
     (out / "soak.md").write_text(text + "\n")
     print(text)
