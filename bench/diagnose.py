@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     at_finish: dict[str, tuple[int, int, int, int]] = {}
     orig_fin = mgr.on_request_finished
     decisions: Counter[str] = Counter()
-    orig_feed = mgr._note
+    orig_feed = mgr._narrator.note
 
     def note(outcome):  # type: ignore[no-untyped-def]
         for d in outcome.decisions:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             decisions[f"{name}:{cause.value if cause is not None else ''}"] += n
         return orig_feed(outcome)
 
-    mgr._note = note
+    mgr._narrator.note = note
 
     def fin(rid: str):  # type: ignore[no-untyped-def]
         st = mgr.state

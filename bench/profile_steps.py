@@ -175,7 +175,16 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
     from bench.sim import loop
-    from connector import blocks, handoff, lmcache_connector, manager, metrics, supervisor
+    from connector import (
+        blocks,
+        handoff,
+        lmcache_connector,
+        manager,
+        metrics,
+        pool_commands,
+        step_reading,
+        supervisor,
+    )
     from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
 
     mgr = manager.EventSourcedManager
@@ -184,12 +193,12 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
         (mgr, "offer_chunks", "offer"),
         (mgr, "_step", "step"),
         (blocks, "free_queue_head", "window read"),
-        (mgr, "_reserve_blocks", "reserve"),
-        (manager, "changed_hashes", "reallocations"),
-        (manager, "_allocated_block_ids", "allocated ids"),
+        (step_reading.ReserveForecast, "blocks", "reserve"),
+        (step_reading, "changed_hashes", "reallocations"),
+        (step_reading, "allocated_block_ids", "allocated ids"),
         (manager.Narrator, "end_of_step", "narrator"),
         (manager, "drive", "core"),
-        (mgr, "_execute", "commands"),
+        (pool_commands.PoolCommands, "execute", "commands"),
         (blocks, "hashes_of", "fingerprints"),
         (handoff.Handoff, "record", "record"),
         (handoff.Handoff, "_pack", "record pack"),

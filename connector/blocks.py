@@ -17,6 +17,7 @@ object: a block is hashed once however often it is read). Where
 BLAKE2b with a random 128-bit key of this process is used instead. A test or
 bench that needs byte-identical logs across runs sets the key itself
 (:data:`KEY_ENV`, hex); nothing sets it by default.
+* :func:`report_resets` makes the pool say when its prefix cache was reset.
 * :func:`free_queue_head` walks the free queue from the eviction head and
   stops after ``depth`` blocks: O(depth), never the whole queue.
 """
@@ -96,3 +97,21 @@ def release(pool: BlockPool, block_ids: Iterable[int]) -> None:
 
 def free_count(pool: BlockPool) -> int:
     return int(pool.get_num_free_blocks())
+
+
+def report_resets(pool: BlockPool, reported: Callable[[], None]) -> None:
+    """Make ``pool.reset_prefix_cache`` call ``reported`` after every reset
+    that succeeded. vLLM's ``Scheduler.reset_prefix_cache`` resets the pool
+    and calls the connector only with ``reset_connector=True`` (which also
+    clears LMCache's own cache), so this is the one place that sees every
+    reset: without it a reset reaches the core only as the stale stores it
+    causes, and the log cannot say why they were stale."""
+    reset = pool.reset_prefix_cache
+
+    def reset_prefix_cache(*args: Any, **kwargs: Any) -> Any:
+        done = reset(*args, **kwargs)
+        if done:
+            reported()
+        return done
+
+    pool.reset_prefix_cache = reset_prefix_cache

@@ -4,21 +4,13 @@ implemented by feeding ``offload_fsm`` and executing its commands.
 LMCache 0.5.6's ``LMCacheMPConnector`` routes every lazy-offload call through
 one object (``_lazy_offload_manager``) with nine methods; this class is that
 object. Each call becomes one observation event; :func:`offload_fsm.drive`
-applies it and runs the command loop against vLLM's ``BlockPool``:
+applies it and runs the command loop against vLLM's ``BlockPool``
+(``connector.pool_commands``, which also keeps the shell's records of what
+it pinned and submitted).
 
-==========================  ===============================================
-core command                what the shell does
-==========================  ===============================================
-``ProtectBlocks``           ``BlockPool.touch``
-``ReadHashes``              read ``block.block_hash`` -> ``HashesRead``
-``ReadFreeQueue``           walk the free queue head -> ``FreeQueueRead``
-``SubmitStore``             one coalesced STORE in this step's metadata
-``ReleaseBlocks``           ``BlockPool.free_blocks``
-``EndSession``              returned in ``sessions_to_end``
-==========================  ===============================================
-
-No business rule lives here: building stores is ``connector.stores``, the
-log lines ``connector.narrator``, the rules the core's.
+No business rule lives here: building stores is ``connector.stores``, what
+a step's output says ``connector.step_reading``, the log lines
+``connector.narrator``, the rules the core's.
 
 Keeping vLLM stepping: ``has_inflight_store_work`` (LMCache's
 ``has_pending_push_work``, which vLLM's ``Scheduler.has_requests`` reads)
@@ -46,7 +38,6 @@ keeps serving.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from itertools import chain
@@ -58,55 +49,15 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadat
 from connector import blocks
 from connector.logs import get_logger
 from connector.narrator import Narrator, counters_line
+from connector.pool_commands import PoolCommands
+from connector.step_reading import StepReader
 from connector.stores import StoreBuilder, StoreSource
-from offload_fsm import OffloadConfig, Policy, drive, new_state
+from offload_fsm import OffloadConfig, drive, new_state
 from offload_fsm.after_failure import DrainOnly
-from offload_fsm.queries import (
-    changed_hashes,
-    ema_after,
-    has_in_flight,
-    keeps_stepping,
-    step_passes,
-    window_depth,
-)
-from offload_fsm.rules.pins import decref
-from offload_fsm.vocabulary.commands import (
-    Command,
-    EndSession,
-    ProtectBlocks,
-    ReadFreeQueue,
-    ReadHashes,
-    ReleaseBlocks,
-    SubmitStore,
-)
-from offload_fsm.vocabulary.counters import Counter
-from offload_fsm.vocabulary.decisions import (
-    OpRejected,
-    OpsDropped,
-    ShutdownLeft,
-    StoreAbandoned,
-    StoreSettled,
-    TailFlushed,
-)
+from offload_fsm.queries import ema_after, has_in_flight, keeps_stepping
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
-from offload_fsm.vocabulary.events import (
-    MAX_STEPS_PASSED,
-    CandidateOffered,
-    ChunksMissing,
-    Event,
-    FreeQueueRead,
-    HashesRead,
-    PassedStep,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownBegan,
-    ShutdownRequested,
-    StepScheduled,
-    StepsPassed,
-)
+from offload_fsm.vocabulary.events import Event, PassedStep
 from offload_fsm.vocabulary.outcome import Outcome
 
 _R = TypeVar("_R")
@@ -163,31 +114,24 @@ class EventSourcedManager:
         single = len(group_tokens_per_block) == 1 and chunk_tokens > 0
         self._blocks_per_chunk = chunk_tokens // group_tokens_per_block[0] if single else 0
         # The most blocks one schedule() can hand out for its token budget.
-        self._step_budget_blocks = self._blocks_for(step_budget_tokens)
+        self._reader = StepReader(self._group_tokens_per_block, self._fingerprint)
+        self._step_budget_blocks = self._reader.blocks_for(step_budget_tokens)
         self._event_log = event_log
         self._clock = clock
         self._pool: Any = None
         self._seq = 0
         self._closed = False
-        self._stores = StoreBuilder(group_tokens_per_block)
-        # Stores handed to LMCache and not yet settled: req id -> (batch id, block ids).
-        self._submitted: dict[str, tuple[int, tuple[int, ...]]] = {}
-        # Protections really applied to the pool (block id -> count): what
-        # drain-only mode may release, whatever the core believed.
-        self._held: dict[int, int] = {}
+        self._log = get_logger()
+        self._commands = PoolCommands(StoreBuilder(group_tokens_per_block), self._fingerprint,
+                                      self._log.error)
         self._drain: DrainOnly | None = None
-        self._actions = LazyOffloadActions()
         # When vLLM's shutdown signal came (shell clock), and whether the core heard it.
         self._shutdown_signal_s: float | None = None
         self._shutdown_fed = False
         self._signal_seen = False
         self._late: DrainOnly | None = None  # the drain after an early seal
-        self._left: ShutdownLeft | None = None
-        self._log = get_logger()
         self._hooks_failed: set[str] = set()
         self._narrator = Narrator(self._log, clock, run=run)
-        # Prompt length of each request still prefilling (``_reserve_blocks``).
-        self._prefilling: dict[str, int] = {}
         # Token steps that passed since the core's last event (``_step``), at
         # most MAX_STEPS_PASSED, and the allocation EMA after them.
         self._passed: list[PassedStep] = []
@@ -214,20 +158,9 @@ class EventSourcedManager:
         if self._pool is not None and self._pool is not gpu_block_pool:
             raise ValueError("lazy offload is already bound to a different GPU block pool")
         if self._pool is None:
-            _report_resets(gpu_block_pool, self.reset_prefix_cache)
-        self._pool = gpu_block_pool
-        if self.config.policy is Policy.FIFO:
-            self._log.info(
-                f"lazy offload enabled with FIFO policy, offload threshold: {self.config.threshold}"
-            )
-        else:
-            self._log.info(
-                f"lazy offload enabled with EVICTION_AWARE policy: {self.config.describe()}"
-            )
-        if self.config.idle_flush_steps or self.config.shutdown_flush_s:
-            self._log.info("lazy offload tail flush on",
-                           idle_flush_steps=self.config.idle_flush_steps,
-                           shutdown_flush_s=self.config.shutdown_flush_s)
+            blocks.report_resets(gpu_block_pool, self.reset_prefix_cache)
+        self._pool = self._commands.pool = gpu_block_pool
+        self._narrator.enabled(self.config)
 
     @_hook(lambda: None)
     def offer_chunks(self, req_id: str, start_token: int, end_token: int,
@@ -265,10 +198,10 @@ class EventSourcedManager:
         sessions to end. Never raises (``_hook``); in drain-only mode only
         settles what is in flight."""
         if self._drain is not None:
-            self._execute_all(self._drain.step(self._clock()))
+            self._commands.execute_drained(self._drain.step(self._clock()))
         elif self._pool is not None:
             self._guarded(self._step, scheduler_output)
-        return self._take_actions()
+        return self._commands.take_actions()
 
     @_hook(LazyOffloadActions)
     def on_store_results(
@@ -282,13 +215,14 @@ class EventSourcedManager:
         the request's later buffered ops. Returns the sessions that can now
         end. Never raises."""
         if self._drain is not None:
-            self._execute_all(self._drain.receipts(completed_store_counts, failed_request_ids))
+            self._commands.execute_drained(
+                self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
-            self._guarded(self._feed, ReceiptsArrived(
+            self._guarded(self._feed, events.ReceiptsArrived(
                 completed=tuple(sorted(completed_store_counts.items())),
                 failed=tuple(sorted(failed_request_ids)),
             ))
-        return self._take_actions()
+        return self._commands.take_actions()
 
     @_hook(LazyOffloadActions)
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
@@ -299,10 +233,10 @@ class EventSourcedManager:
         Returns the session to end when nothing is buffered or in flight.
         Never raises."""
         if self._drain is not None:
-            self._execute_all(self._drain.finished(request_id))
+            self._commands.execute_drained(self._drain.finished(request_id))
         else:
             self._guarded(self._finish, request_id)
-        return self._take_actions()
+        return self._commands.take_actions()
 
     @_hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
@@ -311,7 +245,7 @@ class EventSourcedManager:
         dropped and a batch in flight is orphaned (its receipts still release
         its pins). Never raises."""
         if self._drain is None:
-            self._guarded(self._feed, RequestPreempted(req_id=request_id))
+            self._guarded(self._feed, events.RequestPreempted(req_id=request_id))
 
     @_hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
@@ -323,7 +257,7 @@ class EventSourcedManager:
             self._drain.arrived(request_id)
         else:
             self._guarded(self._arrive, request_id)
-        return self._take_actions()
+        return self._commands.take_actions()
 
     @_hook(lambda: False)
     def has_inflight_store_work(self) -> bool:
@@ -381,43 +315,27 @@ class EventSourcedManager:
             return
         late = self._late
         if late is not None:  # sealed early: settle what came after
-            self._execute_all(late.shutdown())
+            self._commands.execute_drained(late.shutdown())
             if late.stats.sessions_ended or late.stats.abandoned_batches:
-                self._log.info("lazy offload: after the log was sealed at shutdown",
-                               **_stats(late))
+                self._narrator.drained("lazy offload: after the log was sealed at shutdown",
+                                       late)
 
     def _close(self) -> None:
         self._closed = True
         try:
             if self._drain is None:
-                self._guarded(self._feed, ShutdownRequested())
-                self._submitted.clear()  # shutdown abandoned every batch it held
-                self._log_left()
+                self._guarded(self._feed, events.ShutdownRequested())
+                self._commands.submitted.clear()  # shutdown abandoned every batch it held
+                self._narrator.left_at_shutdown(self.state,
+                                                signal_seen=self._shutdown_signal_s is not None)
             if self._drain is not None:
-                self._execute_all(self._drain.shutdown())
-                self._log.info("lazy offload drained at shutdown", **_stats(self._drain))
+                self._commands.execute_drained(self._drain.shutdown())
+                self._narrator.drained("lazy offload drained at shutdown", self._drain)
             self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
         finally:  # whatever went wrong above, the log gets its END
             if self._event_log is not None:
                 # A closed state's digest means nothing to replay.
                 self._event_log.close(self.state if self._drain is None else None)
-
-    def _log_left(self) -> None:
-        """With a tail flush on: one line with what never reached LMCache."""
-        left = self._left
-        if left is None:
-            return
-        counters = self.state.counters
-        self._log.info(
-            "lazy offload: left at shutdown, not in LMCache",
-            requests=left.requests,
-            ops=left.buffered_ops + left.in_flight_ops,
-            tokens=left.buffered_tokens + left.in_flight_tokens,
-            buffered_ops=left.buffered_ops, in_flight_ops=left.in_flight_ops,
-            shutdown_flush_ops=counters[Counter.SHUTDOWN_FLUSH_OPS],
-            idle_flush_ops=counters[Counter.IDLE_FLUSH_OPS],
-            signal_seen=self._shutdown_signal_s is not None,
-        )
 
     @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
@@ -428,7 +346,7 @@ class EventSourcedManager:
         ``LLM.reset_prefix_cache()`` unless asked to reset the connector's
         cache too. Never raises."""
         if self._drain is None:
-            self._guarded(self._feed, PrefixCacheReset())
+            self._guarded(self._feed, events.PrefixCacheReset())
 
     @_hook(lambda: None)
     def on_lookup_result(
@@ -455,16 +373,16 @@ class EventSourcedManager:
         keys = tuple(key for key in (fingerprint(pool_hash(h)) for h in last_blocks)
                      if key in stored)
         if keys:
-            self._guarded(self._feed, ChunksMissing(chunk_keys=keys))
+            self._guarded(self._feed, events.ChunksMissing(chunk_keys=keys))
 
     # -- observations -----------------------------------------------------
 
     def _offer(self, offer: tuple[str, int, int, list[list[int]], StoreSource]) -> None:
         req_id, start, end, group_block_ids, source = offer
-        self._stores.offered(req_id, start, end, group_block_ids, source)
+        self._commands.stores.offered(req_id, start, end, group_block_ids, source)
         block_ids = tuple(group_block_ids[0]) if len(group_block_ids) == 1 else \
             tuple(chain.from_iterable(group_block_ids))
-        self._feed(CandidateOffered(
+        self._feed(events.CandidateOffered(
             req_id=req_id, start_token=start, end_token=end, block_ids=block_ids,
             block_hashes=blocks.hashes_of(self._pool, block_ids, self._fingerprint),
             time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
@@ -478,98 +396,36 @@ class EventSourcedManager:
         reports: no core step and nothing recorded now."""
         if self._shutdown_signal_s is not None and not self._shutdown_fed:
             self._shutdown_fed = True
-            self._feed(ShutdownBegan(time_s=max(self._shutdown_signal_s, self.state.time_s)))
+            self._feed(events.ShutdownBegan(
+                time_s=max(self._shutdown_signal_s, self.state.time_s)))
             self._log.info("lazy offload: vLLM is shutting down; flushing the buffered tail",
                            ready_requests=len(self.state.ready),
                            wait_s=self.config.shutdown_flush_s)
-        state = self.state
-        tokens = int(scheduler_output.total_num_scheduled_tokens)
-        allocated = _allocated_block_ids(scheduler_output)
-        next_step_blocks = self._blocks_for(tokens)
-        pool = self._pool
-        free = blocks.free_count(pool)
-        ema = self._ema if self._passed else state.ema_blocks
-        depth = window_depth(state, scheduled_tokens=tokens, allocated_blocks=len(allocated),
-                             next_step_blocks=next_step_blocks, ema_blocks=ema)
-        reallocated: tuple[tuple[int, int | None], ...] = ()
-        if tokens:
-            owners = state.owners  # read-only: the core's watch set
-            watched = [b for b in allocated if b in owners]
-            if watched:
-                reallocated = changed_hashes(state, watched,
-                                             blocks.hashes_of(pool, watched, self._fingerprint))
-        reserve = self._reserve_blocks(scheduler_output)
-        window = blocks.free_queue_head(pool, min(depth, free))
-        now_s = self._clock()
-        if tokens and step_passes(state, window_block_ids=window, reallocated=reallocated,
-                                  time_s=now_s):
-            self._passed.append((tokens, len(allocated), next_step_blocks, reserve, free,
-                                 len(window), now_s))
-            self._ema = ema_after(ema, len(allocated))
-            if len(self._passed) >= MAX_STEPS_PASSED:
-                self._report_passed()
+        ema = self._ema if self._passed else self.state.ema_blocks
+        seen = self._reader.read(self.state, scheduler_output, self._pool, ema_blocks=ema,
+                                 time_s=self._clock())
+        if isinstance(seen, events.StepScheduled):
+            self._feed(seen)
         else:
-            self._feed(StepScheduled(
-                scheduled_tokens=tokens,
-                allocated_blocks=len(allocated),
-                next_step_blocks=next_step_blocks,
-                reserve_blocks=reserve,
-                free_blocks=free,
-                window_block_ids=window,
-                reallocated=reallocated,
-                time_s=now_s,
-            ))
+            self._passed.append(seen)
+            self._ema = ema_after(ema, seen[1])
+            if len(self._passed) >= events.MAX_STEPS_PASSED:
+                self._report_passed()
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
         free = blocks.free_count(self._pool) if self._pool is not None else 0
-        self._feed(RequestFinished(req_id=request_id, free_blocks=free,
+        self._feed(events.RequestFinished(req_id=request_id, free_blocks=free,
                                    next_step_max_blocks=self._step_budget_blocks))
 
     def _arrive(self, request_id: str) -> None:
         reused = request_id in self.state.requests
-        ended_before = len(self._actions.sessions_to_end)
-        self._feed(RequestArrived(req_id=request_id))
-        if reused and request_id in self._actions.sessions_to_end[ended_before:]:
+        ended_before = self._commands.sessions_to_end
+        self._feed(events.RequestArrived(req_id=request_id))
+        if reused and request_id in self._commands.ends_sessions_since(ended_before):
             self._log.info("lazy offload: request id reused while its predecessor's teardown "
                            "was deferred; released the predecessor's session",
                            req_id=request_id)
-
-    def _reserve_blocks(self, scheduler_output: Any) -> int:
-        """Blocks this step's running requests are expected to need next step:
-        a decode (or a prefill that ends this step) whose next token starts a
-        new block, and a prefilling request continuing with a chunk like this
-        one, but no further than its prompt's end.
-
-        The prompt's length comes from the request's first scheduling
-        (``scheduled_new_reqs``) and is kept while the request is still
-        prefilling and scheduled every step (at most one entry per running
-        request); a request whose length is not known is assumed to continue
-        with a chunk like this one."""
-        block = self._group_tokens_per_block[0] if self._group_tokens_per_block else 1
-        scheduled = scheduler_output.num_scheduled_tokens
-        known = self._prefilling
-        prefilling: dict[str, int] = {}
-        need = 0
-        for request in scheduler_output.scheduled_new_reqs:
-            prompt = request.prompt_token_ids
-            known_tokens = len(prompt) if prompt is not None else None
-            need += _next_need(request.req_id, request.num_computed_tokens,
-                               scheduled[request.req_id], known_tokens, block, prefilling)
-        cached = scheduler_output.scheduled_cached_reqs
-        for req_id, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
-            tokens = scheduled[req_id]
-            if req_id in known:
-                need += _next_need(req_id, done, tokens, known[req_id], block, prefilling)
-            elif tokens > 1:
-                need += -(-tokens // block)  # prompt length unknown: another chunk
-            elif (done + 1) % block == 0:
-                need += 1  # a decode whose next token opens a new block
-        self._prefilling = prefilling
-        return need * max(1, len(self._group_tokens_per_block))
-
-    def _blocks_for(self, tokens: int) -> int:
-        return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
     def counters_line(self) -> str:
         """The spec's counters line (``Lazy offload final counters: ...``)."""
@@ -582,16 +438,16 @@ class EventSourcedManager:
         it first, so the core sees every step in the engine's order."""
         if self._passed:
             self._report_passed()
-        self._applied(drive(self.state, event, self._execute))
+        self._applied(drive(self.state, event, self._commands.execute))
 
     def _report_passed(self) -> None:
         passed, self._passed = tuple(self._passed), []
-        self._applied(drive(self.state, StepsPassed(steps=passed), self._execute))
+        self._applied(drive(self.state, events.StepsPassed(steps=passed), self._commands.execute))
 
     def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...], *,
                  record: bool = True) -> None:
         for _, outcome in applied:
-            self._note(outcome)
+            self._commands.note(outcome)
             self._narrator.note(outcome)
         self._seq += len(applied)
         if record and self._event_log is not None and applied:
@@ -599,59 +455,6 @@ class EventSourcedManager:
                 self._event_log.record(list(applied), self.state)
             except Exception as error:  # the log's failure, not offload's: never drain-only
                 self._hook_failed("record", error)
-
-    def _execute(self, command: Command) -> Event | None:
-        pool = self._pool
-        if isinstance(command, ProtectBlocks):
-            blocks.touch(pool, command.block_ids)
-            held = self._held
-            for block_id in command.block_ids:
-                held[block_id] = held.get(block_id, 0) + 1
-        elif isinstance(command, ReadHashes):
-            hashes = blocks.hashes_of(pool, command.block_ids, self._fingerprint)
-            return HashesRead(batch_id=command.batch_id, block_hashes=hashes)
-        elif isinstance(command, ReadFreeQueue):
-            depth = min(command.depth_blocks, blocks.free_count(pool))
-            return FreeQueueRead(window_block_ids=blocks.free_queue_head(pool, depth))
-        elif isinstance(command, SubmitStore):
-            store = self._stores.build(command)
-            self._actions.stores_to_submit.append(store)
-            self._submitted[command.req_id] = (command.batch_id, command.block_ids)
-        elif isinstance(command, ReleaseBlocks):
-            blocks.release(pool, command.block_ids)
-            self._unhold(command.block_ids)
-        elif isinstance(command, EndSession):
-            self._actions.sessions_to_end.append(command.req_id)
-            self._stores.forget(command.req_id)
-        return None
-
-    def _unhold(self, block_ids: tuple[int, ...]) -> None:
-        held = self._held
-        for block_id in block_ids:
-            if block_id in held:
-                decref(held, block_id)
-
-    def _note(self, outcome: Outcome) -> None:
-        """Keep the shell's own records in step with the core's decisions."""
-        for decision in outcome.decisions:
-            if isinstance(decision, OpsDropped | OpRejected):
-                if not isinstance(decision, OpsDropped) or decision.ops:
-                    self._stores.forget_range(decision.req_id, decision.start_token,
-                                              decision.end_token)
-            elif isinstance(decision, StoreSettled | StoreAbandoned):
-                held = self._submitted.get(decision.req_id)
-                if held is not None and held[0] == decision.batch_id:
-                    del self._submitted[decision.req_id]
-            elif isinstance(decision, ShutdownLeft):
-                self._left = decision
-            elif isinstance(decision, TailFlushed):
-                self._log.debug("lazy offload: tail flushed", trigger=decision.trigger.value,
-                                requests=decision.requests, ops=decision.ops,
-                                tokens=decision.tokens, idle_steps=decision.idle_steps)
-
-    def _take_actions(self) -> LazyOffloadActions:
-        actions, self._actions = self._actions, LazyOffloadActions()
-        return actions
 
     # -- failure: drain-only mode -----------------------------------------
 
@@ -689,86 +492,8 @@ class EventSourcedManager:
                             reason=repr(secondary))
         self._passed = []  # the core is closed: they have nowhere to go
         unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
-        self._drain, commands = DrainOnly.take_over(self.state, self._submitted, self._held,
-                                                    self._clock(), unexecuted)
-        self._execute_all(commands)
-        self._stores.clear()
-        self._log.error(
-            "lazy offload stopped: nothing new is stored for the rest of this run; stores "
-            "already submitted keep their blocks until their receipts arrive, and vLLM "
-            "keeps serving",
-            seq=self._seq, failed_event=type(event).__name__ if event is not None else "-",
-            reason=reason, in_flight_batches=len(self._drain.in_flight),
-            **_stats(self._drain),
-        )
-
-    def _execute_all(self, commands: list[Command]) -> None:
-        for command in commands:
-            try:
-                if isinstance(command, ReleaseBlocks):
-                    blocks.release(self._pool, command.block_ids)
-                    self._unhold(command.block_ids)
-                elif isinstance(command, EndSession):
-                    self._actions.sessions_to_end.append(command.req_id)
-            except Exception as error:  # a pool that fails here cannot be helped
-                self._log.error("lazy offload: drain-only command failed",
-                                command=type(command).__name__, reason=repr(error))
-
-
-def _stats(drain: DrainOnly) -> dict[str, int]:
-    stats = drain.stats
-    return {
-        "released_blocks": stats.released_now_blocks,
-        "kept_blocks": stats.kept_blocks,
-        "settled_batches": stats.settled_batches,
-        "abandoned_batches": stats.abandoned_batches,
-        "sessions_ended": stats.sessions_ended,
-    }
-
-
-def _next_need(req_id: str, computed_tokens: int, scheduled_tokens: int,
-               prompt_tokens: int | None, block_tokens: int, prefilling: dict[str, int]) -> int:
-    """Blocks one scheduled request needs next step (see ``_reserve_blocks``);
-    records it in ``prefilling`` when its prompt continues past this step."""
-    done = computed_tokens + scheduled_tokens
-    if prompt_tokens is None:
-        if scheduled_tokens > 1:
-            return -(-scheduled_tokens // block_tokens)
-        return 1 if done % block_tokens == 0 else 0
-    if done >= prompt_tokens:
-        return 1 if done % block_tokens == 0 else 0  # decodes next
-    prefilling[req_id] = prompt_tokens
-    later = done + min(prompt_tokens - done, scheduled_tokens)
-    return -(-later // block_tokens) - -(-done // block_tokens)
-
-
-def _allocated_block_ids(scheduler_output: Any) -> list[int]:
-    """Every block id handed to a request this step (all groups): new
-    requests' whole tables and cached requests' new blocks."""
-    out: list[int] = []
-    for request in scheduler_output.scheduled_new_reqs:
-        for group in request.block_ids:
-            out.extend(group)
-    for groups in scheduler_output.scheduled_cached_reqs.new_block_ids:
-        if groups:
-            for group in groups:
-                out.extend(group)
-    return out
-
-
-def _report_resets(pool: Any, reported: Callable[[], None]) -> None:
-    """Make ``pool.reset_prefix_cache`` call ``reported`` after every reset
-    that succeeded. vLLM's ``Scheduler.reset_prefix_cache`` resets the pool
-    and calls the connector only with ``reset_connector=True`` (which also
-    clears LMCache's own cache), so this is the one place that sees every
-    reset: without it a reset reaches the core only as the stale stores it
-    causes, and the log cannot say why they were stale."""
-    reset = pool.reset_prefix_cache
-
-    def reset_prefix_cache(*args: Any, **kwargs: Any) -> Any:
-        done = reset(*args, **kwargs)
-        if done:
-            reported()
-        return done
-
-    pool.reset_prefix_cache = reset_prefix_cache
+        self._drain, commands = DrainOnly.take_over(
+            self.state, self._commands.submitted, self._commands.held, self._clock(), unexecuted)
+        self._commands.execute_drained(commands)
+        self._commands.stores.clear()
+        self._narrator.stopped(self._drain, seq=self._seq, event=event, reason=reason)

@@ -9,7 +9,9 @@ acts on, as ``<event> key=value ...`` (``connector.logs``):
 * evictions and preemptions, aggregated per scheduler step;
 * the drops of a prefix-cache reset, and of the shutdown, one line each with
   the requests (at most :data:`MAX_IDS_IN_LOG_LINE`) and ``run=``;
-* the counters line every few seconds when it changed, and at shutdown.
+* the counters line every few seconds when it changed, and at shutdown;
+* the policy line of the spec at start-up, what was left at shutdown, and
+  what drain-only mode released, kept and settled.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
+from offload_fsm import OffloadConfig, Policy
+from offload_fsm.after_failure import DrainOnly
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.state import State
 from offload_fsm.vocabulary.counters import Counter
@@ -27,8 +31,10 @@ from offload_fsm.vocabulary.decisions import (
     OpsDropped,
     ReceiptIgnored,
     RejectReason,
+    ShutdownLeft,
     StoreAbandoned,
     StoreSettled,
+    TailFlushed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
 
@@ -54,6 +60,49 @@ class Narrator:
         self._lost_ids: list[str] = []
         self._last_counters: tuple[int, ...] = ()
         self._last_counters_log_s = 0.0
+        self._left: ShutdownLeft | None = None
+
+    def enabled(self, config: OffloadConfig) -> None:
+        """The spec's policy line (and the tail flush's, when on)."""
+        if config.policy is Policy.FIFO:
+            self._log.info(
+                f"lazy offload enabled with FIFO policy, offload threshold: {config.threshold}"
+            )
+        else:
+            self._log.info(f"lazy offload enabled with EVICTION_AWARE policy: {config.describe()}")
+        if config.idle_flush_steps or config.shutdown_flush_s:
+            self._log.info("lazy offload tail flush on", idle_flush_steps=config.idle_flush_steps,
+                           shutdown_flush_s=config.shutdown_flush_s)
+
+    def left_at_shutdown(self, state: State, *, signal_seen: bool) -> None:
+        """With a tail flush on: one line with what never reached LMCache."""
+        left = self._left
+        if left is None:
+            return
+        counters = state.counters
+        self._log.info(
+            "lazy offload: left at shutdown, not in LMCache",
+            requests=left.requests,
+            ops=left.buffered_ops + left.in_flight_ops,
+            tokens=left.buffered_tokens + left.in_flight_tokens,
+            buffered_ops=left.buffered_ops, in_flight_ops=left.in_flight_ops,
+            shutdown_flush_ops=counters[Counter.SHUTDOWN_FLUSH_OPS],
+            idle_flush_ops=counters[Counter.IDLE_FLUSH_OPS],
+            signal_seen=signal_seen,
+        )
+
+    def drained(self, message: str, drain: DrainOnly) -> None:
+        self._log.info(message, **_drain_stats(drain))
+
+    def stopped(self, drain: DrainOnly, *, seq: int, event: Any, reason: str) -> None:
+        """Drain-only mode took over after a failure: one error line."""
+        self._log.error(
+            "lazy offload stopped: nothing new is stored for the rest of this run; stores "
+            "already submitted keep their blocks until their receipts arrive, and vLLM "
+            "keeps serving",
+            seq=seq, failed_event=type(event).__name__ if event is not None else "-",
+            reason=reason, in_flight_batches=len(drain.in_flight), **_drain_stats(drain),
+        )
 
     def note(self, outcome: Outcome) -> None:
         # A failed or abandoned store and the later ops of its request it
@@ -90,6 +139,12 @@ class Narrator:
                     receipts=decision.receipts, waited_s=round(decision.waited_s, 3),
                     held_back_ops_dropped=held_back[decision.req_id],
                 )
+            elif isinstance(decision, ShutdownLeft):
+                self._left = decision
+            elif isinstance(decision, TailFlushed):
+                self._log.debug("lazy offload: tail flushed", trigger=decision.trigger.value,
+                                requests=decision.requests, ops=decision.ops,
+                                tokens=decision.tokens, idle_steps=decision.idle_steps)
             elif isinstance(decision, ReceiptIgnored):
                 self._log.warning(
                     "lazy offload: ignoring a store-completion receipt with no in-flight "
@@ -140,3 +195,14 @@ def counters_line(state: State) -> str:
     terms = ledger_terms(state)
     closes = counters[Counter.ADMITTED_OPS] == sum(terms.values())
     return f"{body} pending={terms['pending']} ledger_closes={closes}"
+
+
+def _drain_stats(drain: DrainOnly) -> dict[str, int]:
+    stats = drain.stats
+    return {
+        "released_blocks": stats.released_now_blocks,
+        "kept_blocks": stats.kept_blocks,
+        "settled_batches": stats.settled_batches,
+        "abandoned_batches": stats.abandoned_batches,
+        "sessions_ended": stats.sessions_ended,
+    }

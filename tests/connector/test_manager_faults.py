@@ -161,7 +161,7 @@ def test_a_failure_while_building_a_store_releases_its_unsubmitted_pins(
     def broken(command: Any) -> Any:
         raise KeyError("lost store metadata")
 
-    monkeypatch.setattr(s.mgr._stores, "build", broken)
+    monkeypatch.setattr(s.mgr._commands.stores, "build", broken)
     s.step()  # protect -> read hashes -> building the store fails
     assert s.mgr.draining and s.submitted == []
     assert s.refs(a) == [0, 0]  # LMCache never saw it: released at once

@@ -13,8 +13,7 @@ from testkit.env import require_stack
 
 require_stack()
 
-from connector.manager import EventSourcedManager, _next_need  # noqa: E402
-from offload_fsm import OffloadConfig, Policy  # noqa: E402
+from connector.step_reading import ReserveForecast, next_need  # noqa: E402
 
 BLOCK = 16
 
@@ -36,46 +35,45 @@ def _output(new: list[tuple[str, int, int, int | None]],
     )
 
 
-def _manager() -> EventSourcedManager:
-    config = OffloadConfig(policy=Policy.EVICTION_AWARE)
-    return EventSourcedManager(config, world_size=1, group_tokens_per_block=[BLOCK])
+def _forecast() -> ReserveForecast:
+    return ReserveForecast([BLOCK])
 
 
 def test_a_prefill_is_charged_up_to_its_prompts_end_then_as_a_decode() -> None:
-    mgr = _manager()
+    forecast = _forecast()
     # 300-token prompt in chunks of 256: after the first chunk, 44 tokens (blocks 16-18) remain.
-    assert mgr._reserve_blocks(_output([("a", 0, 256, 300)], [])) == 3
-    assert mgr._prefilling == {"a": 300}
+    assert forecast.blocks(_output([("a", 0, 256, 300)], [])) == 3
+    assert forecast.prefilling == {"a": 300}
     # The second chunk ends the prompt at token 300 (mid-block): the first decode needs no block.
-    assert mgr._reserve_blocks(_output([], [("a", 256, 44)])) == 0
-    assert mgr._prefilling == {}  # nothing kept once the prefill is over
+    assert forecast.blocks(_output([], [("a", 256, 44)])) == 0
+    assert forecast.prefilling == {}  # nothing kept once the prefill is over
 
 
 def test_a_prompt_prefilled_in_one_step_is_charged_like_a_decode() -> None:
-    mgr = _manager()
-    assert mgr._reserve_blocks(_output([("a", 0, 4 * BLOCK, 4 * BLOCK),
+    forecast = _forecast()
+    assert forecast.blocks(_output([("a", 0, 4 * BLOCK, 4 * BLOCK),
                                         ("b", 0, 100, 100)], [])) == 1  # a's decode opens block 4
-    assert mgr._prefilling == {}
+    assert forecast.prefilling == {}
 
 
 def test_an_unknown_prompt_continues_with_a_chunk_like_this_one() -> None:
-    mgr = _manager()
+    forecast = _forecast()
     # No prompt token ids (prompt embeddings), and a cached request never seen new.
-    assert mgr._reserve_blocks(_output([("a", 0, 100, None)], [("b", 32, 64)])) == 7 + 4
-    assert mgr._prefilling == {}
+    assert forecast.blocks(_output([("a", 0, 100, None)], [("b", 32, 64)])) == 7 + 4
+    assert forecast.prefilling == {}
 
 
 def test_a_request_not_scheduled_for_a_step_is_forgotten() -> None:
-    mgr = _manager()
-    mgr._reserve_blocks(_output([("a", 0, 256, 1000)], []))
-    mgr._reserve_blocks(_output([], []))  # "a" skipped a step (budget, preemption)
+    forecast = _forecast()
+    forecast.blocks(_output([("a", 0, 256, 1000)], []))
+    forecast.blocks(_output([], []))  # "a" skipped a step (budget, preemption)
     # Back, still prefilling: its prompt length is no longer known, so it is charged a chunk.
-    assert mgr._reserve_blocks(_output([], [("a", 256, 256)])) == 16
+    assert forecast.blocks(_output([], [("a", 256, 256)])) == 16
 
 
 def test_next_need_counts_the_blocks_the_next_tokens_open() -> None:
     keep: dict[str, int] = {}
     # 20 tokens done (blocks 0-1 allocated); a chunk like this one reaches token 40: block 2.
-    assert _next_need("r", 0, 20, 44, BLOCK, keep) == 1 and keep == {"r": 44}
-    assert _next_need("d", 31, 1, None, BLOCK, {}) == 1  # a decode that fills block 1
-    assert _next_need("d", 30, 1, None, BLOCK, {}) == 0
+    assert next_need("r", 0, 20, 44, BLOCK, keep) == 1 and keep == {"r": 44}
+    assert next_need("d", 31, 1, None, BLOCK, {}) == 1  # a decode that fills block 1
+    assert next_need("d", 30, 1, None, BLOCK, {}) == 0
