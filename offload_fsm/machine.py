@@ -83,43 +83,29 @@ from offload_fsm.rules import drain, lifecycle, tail_flush
 from offload_fsm.rules.legality import check
 from offload_fsm.rules.scope import Scope
 from offload_fsm.state import State
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.commands import Command
 from offload_fsm.vocabulary.errors import CommandFailed, CoreFault, MachinePoisoned, StepFailed
-from offload_fsm.vocabulary.events import (
-    CandidateOffered,
-    ChunksMissing,
-    Event,
-    FreeQueueRead,
-    HashesRead,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownBegan,
-    ShutdownRequested,
-    StepScheduled,
-    StepsPassed,
-)
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import NO_OUTCOME, Outcome
 
 __all__ = ["drive", "step"]
 
 
 _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
-    RequestArrived: lifecycle.on_arrived,
-    CandidateOffered: lifecycle.on_offered,
-    StepScheduled: tail_flush.on_step,
-    RequestFinished: lifecycle.on_finished,
-    RequestPreempted: lifecycle.on_preempted,
-    ReceiptsArrived: drain.on_receipts,
-    PrefixCacheReset: lifecycle.on_cache_reset,
-    ShutdownRequested: lifecycle.on_shutdown,
-    HashesRead: drain.on_hashes,
-    FreeQueueRead: eviction_aware.on_queue_read,
-    ChunksMissing: dedup.on_chunks_missing,
-    ShutdownBegan: tail_flush.on_shutdown_began,
-    StepsPassed: tail_flush.on_steps_passed,
+    events.RequestArrived: lifecycle.on_arrived,
+    events.CandidateOffered: lifecycle.on_offered,
+    events.StepScheduled: tail_flush.on_step,
+    events.RequestFinished: lifecycle.on_finished,
+    events.RequestPreempted: lifecycle.on_preempted,
+    events.ReceiptsArrived: drain.on_receipts,
+    events.PrefixCacheReset: lifecycle.on_cache_reset,
+    events.ShutdownRequested: lifecycle.on_shutdown,
+    events.HashesRead: drain.on_hashes,
+    events.FreeQueueRead: eviction_aware.on_queue_read,
+    events.ChunksMissing: dedup.on_chunks_missing,
+    events.ShutdownBegan: tail_flush.on_shutdown_began,
+    events.StepsPassed: tail_flush.on_steps_passed,
 }
 
 

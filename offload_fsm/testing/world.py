@@ -31,6 +31,7 @@ from offload_fsm.after_failure import DrainOnly
 from offload_fsm.machine import drive
 from offload_fsm.queries import watches, window_depth
 from offload_fsm.state import State
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.commands import (
     Command,
     EndSession,
@@ -42,19 +43,7 @@ from offload_fsm.vocabulary.commands import (
 )
 from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, StoreAbandoned, StoreSettled
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
-from offload_fsm.vocabulary.events import (
-    CandidateOffered,
-    Event,
-    FreeQueueRead,
-    HashesRead,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownRequested,
-    StepScheduled,
-)
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
 
@@ -188,15 +177,15 @@ class World:
         drain = self.drain
         assert drain is not None
         commands: list[Command] = []
-        if isinstance(event, StepScheduled):
+        if isinstance(event, events.StepScheduled):
             commands = drain.step(event.time_s)
-        elif isinstance(event, ReceiptsArrived):
+        elif isinstance(event, events.ReceiptsArrived):
             commands = drain.receipts(dict(event.completed), event.failed)
-        elif isinstance(event, RequestFinished):
+        elif isinstance(event, events.RequestFinished):
             commands = drain.finished(event.req_id)
-        elif isinstance(event, RequestArrived):
+        elif isinstance(event, events.RequestArrived):
             drain.arrived(event.req_id)
-        elif isinstance(event, ShutdownRequested):
+        elif isinstance(event, events.ShutdownRequested):
             commands = drain.shutdown()
         for command in commands:
             if isinstance(command, ReleaseBlocks) and command.batch_id >= 0:
@@ -228,12 +217,12 @@ class World:
             for block_id in command.block_ids:
                 self.pins[block_id] = self.pins.get(block_id, 0) + 1
         elif isinstance(command, ReadHashes):
-            return HashesRead(
+            return events.HashesRead(
                 batch_id=command.batch_id,
                 block_hashes=tuple(self.pool.hashes[b] for b in command.block_ids),
             )
         elif isinstance(command, ReadFreeQueue):
-            return FreeQueueRead(window_block_ids=self.pool.window(command.depth_blocks))
+            return events.FreeQueueRead(window_block_ids=self.pool.window(command.depth_blocks))
         elif isinstance(command, SubmitStore):
             self._check_submit(command)
             self.in_flight[command.req_id] = command
@@ -262,7 +251,7 @@ class World:
     def arrive(self, req_id: str) -> None:
         assert req_id not in self.active
         self.active[req_id] = FakeRequest(req_id=req_id)
-        self.feed(RequestArrived(req_id=req_id))
+        self.feed(events.RequestArrived(req_id=req_id))
 
     def schedule(self, advance: Iterable[str], *, next_step_blocks: int, dt_s: float = 0.01) -> int:
         """One engine step: each named active request computes one more chunk
@@ -271,7 +260,7 @@ class World:
         self.time_s += dt_s
         self.step_metadata = []
         allocated: list[int] = []
-        offers: list[CandidateOffered] = []
+        offers: list[events.CandidateOffered] = []
         for req_id in advance:
             req = self.active[req_id]
             blocks = self.pool.allocate(self.chunk_blocks)
@@ -287,7 +276,7 @@ class World:
             req.snapshots[start] = dict(zip(blocks, hashes, strict=True))
             allocated.extend(blocks)
             offers.append(
-                CandidateOffered(req_id=req_id, start_token=start, end_token=req.tokens,
+                events.CandidateOffered(req_id=req_id, start_token=start, end_token=req.tokens,
                                  block_ids=tuple(blocks), block_hashes=hashes,
                                  time_s=self.time_s, blocks_per_chunk=1)
             )
@@ -304,7 +293,7 @@ class World:
             (b, self.pool.hashes[b]) for b in allocated if watches(self.state, b)
         )
         self.feed(
-            StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
+            events.StepScheduled(scheduled_tokens=tokens, allocated_blocks=len(allocated),
                           next_step_blocks=next_step_blocks,
                           reserve_blocks=len(offers), free_blocks=len(self.pool.free),
                           window_block_ids=window if tokens else (),
@@ -318,18 +307,18 @@ class World:
     def finish(self, req_id: str) -> None:
         req = self.active.pop(req_id)
         self.finished[req_id] = req
-        self.feed(RequestFinished(req_id=req_id, free_blocks=len(self.pool.free)))
+        self.feed(events.RequestFinished(req_id=req_id, free_blocks=len(self.pool.free)))
         self.pool.release(reversed(req.blocks))
 
     def preempt(self, req_id: str) -> None:
         req = self.active[req_id]
-        self.feed(RequestPreempted(req_id=req_id))
+        self.feed(events.RequestPreempted(req_id=req_id))
         self.pool.release(reversed(req.blocks))
         self.active[req_id] = FakeRequest(req_id=req_id)
-        self.feed(RequestArrived(req_id=req_id))
+        self.feed(events.RequestArrived(req_id=req_id))
 
     def receipts(self, completed: dict[str, int], failed: Iterable[str] = ()) -> None:
-        self.feed(ReceiptsArrived(completed=tuple(completed.items()), failed=tuple(failed)))
+        self.feed(events.ReceiptsArrived(completed=tuple(completed.items()), failed=tuple(failed)))
 
     def settle_all(self) -> None:
         """Every worker reports every in-flight store as completed."""
@@ -341,10 +330,10 @@ class World:
 
     def reset_cache(self) -> None:
         self.pool.reset_hashes()
-        self.feed(PrefixCacheReset())
+        self.feed(events.PrefixCacheReset())
 
     def shutdown(self) -> None:
-        self.feed(ShutdownRequested())
+        self.feed(events.ShutdownRequested())
 
     # -- outside checks ---------------------------------------------------
 

@@ -21,6 +21,7 @@ from offload_fsm import OffloadConfig, Policy, check_all, new_state, window_dept
 from offload_fsm.machine import drive
 from offload_fsm.state import State
 from offload_fsm.testing.world import FakePool, World
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.commands import (
     Command,
     ProtectBlocks,
@@ -29,19 +30,7 @@ from offload_fsm.vocabulary.commands import (
     ReleaseBlocks,
 )
 from offload_fsm.vocabulary.decisions import StoreSettled
-from offload_fsm.vocabulary.events import (
-    CandidateOffered,
-    Event,
-    FreeQueueRead,
-    HashesRead,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownRequested,
-    StepScheduled,
-)
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
 OP_TOKENS = 64
@@ -104,12 +93,13 @@ class Harness:
                 if not self.pins[block_id]:
                     del self.pins[block_id]
         elif isinstance(command, ReadHashes):
-            return HashesRead(
+            return events.HashesRead(
                 batch_id=command.batch_id,
                 block_hashes=tuple(self.hashes.get(b) for b in command.block_ids),
             )
         elif isinstance(command, ReadFreeQueue):
-            return FreeQueueRead(window_block_ids=tuple(self.visible()[: command.depth_blocks]))
+            window = tuple(self.visible()[: command.depth_blocks])
+            return events.FreeQueueRead(window_block_ids=window)
         return None
 
     def visible(self) -> list[int]:
@@ -135,7 +125,7 @@ class Harness:
         return blocks
 
     def arrive(self, *req_ids: str) -> Result:
-        results = [self.feed(RequestArrived(req_id=r)) for r in req_ids]
+        results = [self.feed(events.RequestArrived(req_id=r)) for r in req_ids]
         return _merge(results)
 
     def offer(
@@ -160,7 +150,7 @@ class Harness:
         self._next_start[req_id] = start + tokens
         self.blocks_of.setdefault(req_id, []).append(blocks)
         return self.feed(
-            CandidateOffered(
+            events.CandidateOffered(
                 req_id=req_id, start_token=start, end_token=start + tokens,
                 block_ids=blocks, block_hashes=tuple(hashes),
                 time_s=self.time_s if time_s is None else time_s,
@@ -201,7 +191,7 @@ class Harness:
                                  allocated_blocks=allocated, next_step_blocks=next_blocks)
             window = self.visible()[: min(depth, free)]
         return self.feed(
-            StepScheduled(
+            events.StepScheduled(
                 scheduled_tokens=tokens, allocated_blocks=allocated,
                 next_step_blocks=next_blocks, reserve_blocks=requests, free_blocks=free,
                 window_block_ids=tuple(window), reallocated=tuple(reallocated),
@@ -216,18 +206,18 @@ class Harness:
         results = []
         for req_id in req_ids:
             free_now = len(self.visible()) if free is None else free
-            results.append(self.feed(RequestFinished(req_id=req_id, free_blocks=free_now)))
+            results.append(self.feed(events.RequestFinished(req_id=req_id, free_blocks=free_now)))
         return _merge(results)
 
     def preempt(self, req_id: str) -> Result:
         self.restart(req_id)
-        return self.feed(RequestPreempted(req_id=req_id))
+        return self.feed(events.RequestPreempted(req_id=req_id))
 
     def receipts(
         self, completed: dict[str, int] | None = None, failed: Iterable[str] = ()
     ) -> Result:
         return self.feed(
-            ReceiptsArrived(completed=tuple((completed or {}).items()), failed=tuple(failed))
+            events.ReceiptsArrived(completed=tuple((completed or {}).items()), failed=tuple(failed))
         )
 
     def complete(self, *req_ids: str) -> Result:
@@ -236,10 +226,10 @@ class Harness:
         return self.receipts({r: size for r in req_ids})
 
     def reset_cache(self) -> Result:
-        return self.feed(PrefixCacheReset())
+        return self.feed(events.PrefixCacheReset())
 
     def shutdown(self) -> Result:
-        return self.feed(ShutdownRequested())
+        return self.feed(events.ShutdownRequested())
 
     # -- queries ------------------------------------------------------------
 

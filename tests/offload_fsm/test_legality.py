@@ -21,24 +21,9 @@ from offload_fsm.rules.legality import (
     request_phase,
 )
 from offload_fsm.state import OpStatus
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.commands import ReadFreeQueue, ReadHashes
-from offload_fsm.vocabulary.events import (
-    EVENT_TYPES,
-    CandidateOffered,
-    ChunksMissing,
-    Event,
-    FreeQueueRead,
-    HashesRead,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownBegan,
-    ShutdownRequested,
-    StepScheduled,
-    StepsPassed,
-)
+from offload_fsm.vocabulary.events import Event
 
 from .helpers import Harness, ea
 
@@ -73,7 +58,7 @@ class Setup:
             for offset, block in enumerate(h.blocks_of[req_id][0]):
                 h.queue.insert(rank + offset, block)
         h.time_s += 1
-        event = StepScheduled(scheduled_tokens=16, allocated_blocks=2, next_step_blocks=0,
+        event = events.StepScheduled(scheduled_tokens=16, allocated_blocks=2, next_step_blocks=0,
                               reserve_blocks=1, free_blocks=len(h.visible()),
                               window_block_ids=tuple(h.visible()[:4]), reallocated=(),
                               time_s=h.time_s)
@@ -87,39 +72,39 @@ class Setup:
     def event(self, kind: type) -> Event:
         h = self.h
         made: dict[type, Callable[[], Event]] = {
-            RequestArrived: lambda: RequestArrived(req_id="new"),
-            CandidateOffered: lambda: CandidateOffered(
+            events.RequestArrived: lambda: events.RequestArrived(req_id="new"),
+            events.CandidateOffered: lambda: events.CandidateOffered(
                 req_id="live", start_token=64, end_token=128, block_ids=h.new_blocks(),
                 block_hashes=(1, 2), time_s=h.time_s),
-            StepScheduled: lambda: StepScheduled(
+            events.StepScheduled: lambda: events.StepScheduled(
                 scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0, reserve_blocks=0,
                 free_blocks=len(h.visible()), window_block_ids=(), reallocated=(),
                 time_s=h.time_s + 1),
-            RequestFinished: lambda: RequestFinished(req_id="live", free_blocks=10),
-            RequestPreempted: lambda: RequestPreempted(req_id="live"),
-            ReceiptsArrived: lambda: ReceiptsArrived(completed=(), failed=()),
-            PrefixCacheReset: PrefixCacheReset,
-            ShutdownRequested: ShutdownRequested,
-            ChunksMissing: lambda: ChunksMissing(chunk_keys=(1,)),
-            ShutdownBegan: lambda: ShutdownBegan(time_s=h.time_s),
+            events.RequestFinished: lambda: events.RequestFinished(req_id="live", free_blocks=10),
+            events.RequestPreempted: lambda: events.RequestPreempted(req_id="live"),
+            events.ReceiptsArrived: lambda: events.ReceiptsArrived(completed=(), failed=()),
+            events.PrefixCacheReset: events.PrefixCacheReset,
+            events.ShutdownRequested: events.ShutdownRequested,
+            events.ChunksMissing: lambda: events.ChunksMissing(chunk_keys=(1,)),
+            events.ShutdownBegan: lambda: events.ShutdownBegan(time_s=h.time_s),
             # No step yet: the EMA seeds at 0 allocated blocks, so the window is empty.
-            StepsPassed: lambda: StepsPassed(
+            events.StepsPassed: lambda: events.StepsPassed(
                 steps=((16, 0, 0, 0, len(h.visible()), 0, h.time_s + 1),)),
-            HashesRead: lambda: self.answers.get(
-                HashesRead, HashesRead(batch_id=0, block_hashes=(1, 2))),
-            FreeQueueRead: lambda: self.answers.get(
-                FreeQueueRead, FreeQueueRead(window_block_ids=(1,))),
+            events.HashesRead: lambda: self.answers.get(
+                events.HashesRead, events.HashesRead(batch_id=0, block_hashes=(1, 2))),
+            events.FreeQueueRead: lambda: self.answers.get(
+                events.FreeQueueRead, events.FreeQueueRead(window_block_ids=(1,))),
         }
         return made[kind]()
 
 
-MACHINE_PAIRS = [(phase, kind) for phase in MachinePhase for kind in EVENT_TYPES]
+MACHINE_PAIRS = [(phase, kind) for phase in MachinePhase for kind in events.EVENT_TYPES]
 
 
 def test_every_machine_phase_has_a_row() -> None:
     assert set(MACHINE_LEGAL) == set(MachinePhase)
     legal = MACHINE_LEGAL[MachinePhase.OPEN] | MACHINE_LEGAL[MachinePhase.AWAITING_ANSWERS]
-    assert legal == set(EVENT_TYPES)
+    assert legal == set(events.EVENT_TYPES)
 
 
 @pytest.mark.parametrize(("phase", "kind"), MACHINE_PAIRS,
@@ -135,7 +120,7 @@ def test_machine_phase_table(phase: MachinePhase, kind: type) -> None:
         return
     if kind in MACHINE_LEGAL[phase]:
         step(state, event)
-        closes = kind is ShutdownRequested
+        closes = kind is events.ShutdownRequested
         assert (state.closed is not None) == closes
         assert machine_phase(state) is not MachinePhase.CLOSED or closes
         return
@@ -163,12 +148,12 @@ def _request_in(phase: RequestPhase) -> Harness:
 
 
 def _request_event(kind: type, h: Harness) -> Event:
-    if kind is CandidateOffered:
+    if kind is events.CandidateOffered:
         start = 128 if "r" in h.state.requests else 0
-        return CandidateOffered(req_id="r", start_token=start, end_token=start + 64,
+        return events.CandidateOffered(req_id="r", start_token=start, end_token=start + 64,
                                 block_ids=h.new_blocks(), block_hashes=(7, 8), time_s=0.0)
-    if kind is RequestFinished:
-        return RequestFinished(req_id="r", free_blocks=10)
+    if kind is events.RequestFinished:
+        return events.RequestFinished(req_id="r", free_blocks=10)
     result: Event = kind(req_id="r")
     return result
 
@@ -191,7 +176,8 @@ def test_request_phase_table(pair: tuple[type, RequestPhase], reason: str | None
 
 
 def test_every_request_scoped_pair_is_in_the_table() -> None:
-    scoped = {RequestArrived, CandidateOffered, RequestFinished, RequestPreempted}
+    scoped = {events.RequestArrived, events.CandidateOffered, events.RequestFinished,
+              events.RequestPreempted}
     assert set(REQUEST_LEGAL) == {(k, p) for k in scoped for p in RequestPhase}
 
 

@@ -12,42 +12,28 @@ from offload_fsm.log import wire
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.records import SCHEMA_VERSION, Digest, End, Gap, Header, Inputs
 from offload_fsm.testing.synthetic import run_workload
+from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import LogCorrupt, SchemaTooNew, UnknownTag
-from offload_fsm.vocabulary.events import (
-    CandidateOffered,
-    ChunksMissing,
-    FreeQueueRead,
-    HashesRead,
-    PrefixCacheReset,
-    ReceiptsArrived,
-    RequestArrived,
-    RequestFinished,
-    RequestPreempted,
-    ShutdownBegan,
-    ShutdownRequested,
-    StepScheduled,
-    StepsPassed,
-)
 from offload_fsm.vocabulary.outcome import Outcome
 from tests.logrecords import decode_record, encode_record
 
 EVERY_EVENT = (
-    RequestArrived(req_id="r-1"),
-    CandidateOffered(req_id="r-1", start_token=0, end_token=64, block_ids=(3, 4),
+    events.RequestArrived(req_id="r-1"),
+    events.CandidateOffered(req_id="r-1", start_token=0, end_token=64, block_ids=(3, 4),
                      block_hashes=(2**63 + 5, None), time_s=1.25),
-    StepScheduled(scheduled_tokens=64, allocated_blocks=2, next_step_blocks=2,
+    events.StepScheduled(scheduled_tokens=64, allocated_blocks=2, next_step_blocks=2,
                   reserve_blocks=1, free_blocks=10, window_block_ids=(7, 8, 9),
                   reallocated=((3, 11), (4, None)), time_s=1.5),
-    RequestFinished(req_id="r-1", free_blocks=12),
-    RequestPreempted(req_id="r-2"),
-    ReceiptsArrived(completed=(("r-1", 2), ("r-3", 1)), failed=("r-3",)),
-    HashesRead(batch_id=4, block_hashes=(1, None, 2**64 - 1)),
-    FreeQueueRead(window_block_ids=(1, 2)),
-    PrefixCacheReset(),
-    ShutdownRequested(),
-    ChunksMissing(chunk_keys=(2**64 - 1, 7)),
-    ShutdownBegan(time_s=2.5),
-    StepsPassed(steps=((64, 2, 2, 1, 10, 0, 2.75), (1, 0, 1, 0, 10, 3, 3.0))),
+    events.RequestFinished(req_id="r-1", free_blocks=12),
+    events.RequestPreempted(req_id="r-2"),
+    events.ReceiptsArrived(completed=(("r-1", 2), ("r-3", 1)), failed=("r-3",)),
+    events.HashesRead(batch_id=4, block_hashes=(1, None, 2**64 - 1)),
+    events.FreeQueueRead(window_block_ids=(1, 2)),
+    events.PrefixCacheReset(),
+    events.ShutdownRequested(),
+    events.ChunksMissing(chunk_keys=(2**64 - 1, 7)),
+    events.ShutdownBegan(time_s=2.5),
+    events.StepsPassed(steps=((64, 2, 2, 1, 10, 0, 2.75), (1, 0, 1, 0, 10, 3, 3.0))),
 )
 EMPTY = Outcome(decisions=(), commands=())
 HEADER = Header(seq=0, wall_time_s=1000.0, schema=SCHEMA_VERSION, config={"k": 1},
@@ -160,7 +146,7 @@ def test_bytes_per_event_is_small() -> None:
     step_batch: list[Any] = []
     for event, outcome in world.applied:
         step_batch.append((event, outcome))
-        if type(event) is StepScheduled:
+        if type(event) is events.StepScheduled:
             total += 12 + len(logformat.encode_inputs(0, 1000, step_batch))
             step_batch = []
     assert total / len(world.applied) <= 40
