@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 from connector.recording import EventRecorder
+from logfiles.scan import Entry, read_log
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import default_config, run_workload
-from replay.reader import Entry, read_log
 from replay.runner import replay
 
 VERSIONS = {"package": "bench", "vllm": "", "lmcache": ""}

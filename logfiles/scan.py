@@ -6,7 +6,7 @@ framing damage as :class:`LogDamage`, for callers that only peek at
 envelopes (``replay.seek``'s segments, ``replay diff``'s index);
 :func:`read_file` decodes them into :class:`Entry` items (a decoded
 :class:`~offload_fsm.log.records.LogRecord` with its file and byte offset),
-from the file's start or from a segment's first record; :func:`read_run`
+from the file's start or from a segment's first record; :func:`read_log`
 reads every file of a run (``logfiles.runs``) in order.
 
 Theory of operation. Framing damage (short read, bad magic, bad length, CRC
@@ -43,7 +43,7 @@ from offload_fsm.log.records import SNAPSHOT, Header, LogRecord
 from offload_fsm.log.snapshot_pack import KeysOf, LazyState
 from offload_fsm.vocabulary.errors import LogCorrupt, SchemaTooNew, UnknownTag
 
-__all__ = ["Entry", "LogDamage", "frames", "read_file", "read_run"]
+__all__ = ["Entry", "LogDamage", "frames", "read_file", "read_log"]
 
 
 @attrs.frozen(kw_only=True)
@@ -123,7 +123,7 @@ def read_file(path: str | os.PathLike[str], *, start_offset: int = 0
                 yield Entry(path=name, offset=item.offset, record=record)
 
 
-def read_run(path: str | os.PathLike[str], prefix: str | None = None
+def read_log(path: str | os.PathLike[str], prefix: str | None = None
              ) -> Iterator[Entry | LogDamage]:
     """Every entry and damage of the run at ``path`` (``runs.run_files``), in order."""
     for file in run_files(path, prefix):

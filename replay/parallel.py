@@ -19,11 +19,11 @@ from pathlib import Path
 
 import attrs
 
+from logfiles.runs import run_files
+from logfiles.scan import Entry, frames, read_file
 from offload_fsm.digest import state_digest
-from offload_fsm.log.framing import scan_stream
 from offload_fsm.log.records import Snapshot
 from replay import seek
-from replay.reader import Entry, read_file, run_files
 from replay.runner import ReplayResult, replay, spaced_collections
 
 __all__ = ["replay_parallel"]
@@ -158,12 +158,11 @@ def _units(path: str | os.PathLike[str], prefix: str | None
 def _first_is_next(path: str, offset: int) -> bool:
     """Whether the file's first snapshot (at ``offset``) follows its header
     (and a resumed log's GAP): the file's own start, not a later segment."""
-    with open(path, "rb") as stream:
-        for count, item in enumerate(scan_stream(stream)):
-            if getattr(item, "offset", -1) == offset:
-                return count <= 2
-            if count > 2:
-                return False
+    for count, item in enumerate(frames(path)):
+        if item.offset == offset:
+            return count <= 2
+        if count > 2:
+            return False
     return False
 
 

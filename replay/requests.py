@@ -5,7 +5,7 @@ run that holds one, and say what became of each request.
   from the segment indexes when every segment has a trusted one (no event is
   decoded), else by decoding the events (no replay).
 * :func:`resolve`: an exact id, or the one id a typed prefix starts; else a
-  :class:`~replay.reader.UsageError` that says "did you mean" with the
+  :class:`~replay.usage.UsageError` that says "did you mean" with the
   closest ids (or lists the ids the prefix is ambiguous between).
 * :func:`run_holding`: in a directory of several runs, the one run whose
   ids resolve the typed text (an error names every run that does, or the
@@ -21,6 +21,8 @@ import os
 from collections import Counter as Tally
 from typing import Any
 
+from logfiles.runs import run_prefixes
+from logfiles.scan import Entry, read_log
 from offload_fsm.log.compact import requests_of
 from offload_fsm.log.records import Inputs
 from offload_fsm.log.wire import to_wire
@@ -29,8 +31,8 @@ from offload_fsm.vocabulary.events import CandidateOffered, Event, RequestPreemp
 from offload_fsm.vocabulary.outcome import Outcome
 from replay import seek
 from replay.opstory import OpTracker
-from replay.reader import Entry, UsageError, read_log, run_prefixes
 from replay.text import field
+from replay.usage import UsageError
 
 SUGGESTIONS = 5  # ids offered after "did you mean"
 AMBIGUOUS_SHOWN = 8  # ids listed for an ambiguous prefix

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import msgpack
 
+from logfiles.runs import run_files
+from logfiles.scan import Entry, LogDamage, frames, read_file
 from offload_fsm.log.compact import requests_of
 from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import Damage, scan_stream
-from offload_fsm.log.peek import payload_kind
+from offload_fsm.log.peek import payload_kind, payload_seq, snapshot_head
 from offload_fsm.log.records import (
     END,
     HEADER,
@@ -51,7 +51,6 @@ from offload_fsm.log.records import (
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
 from offload_fsm.vocabulary.errors import LogCorrupt
-from replay.reader import Entry, LogDamage, read_file, run_files
 from replay.runner import Observer, ReplayResult, _Fold, replay
 
 __all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]
@@ -80,33 +79,29 @@ def segments(path: str | os.PathLike[str], prefix: str | None = None,
     ends: list[int] = []
     for file in run_files(path, prefix):
         decoder = LogDecoder()
-        with open(file, "rb") as stream:
-            for item in scan_stream(stream):
-                if isinstance(item, Damage):
-                    if damage is not None:
-                        damage.append(LogDamage(path=str(file), offset=item.offset,
-                                                kind=item.kind.value,
-                                                length_bytes=item.length_bytes,
-                                                detail=item.detail))
-                    continue
-                kind = payload_kind(item.payload)
-                if kind == HEADER:
-                    header = _try(decoder, item.payload)
-                    if isinstance(header, Header) and header.seq == 0 and item.offset == 0:
-                        out.append(Segment(path=file, offset=0, seq=0, first_step=0))
-                elif kind == SNAPSHOT:
-                    seq, digest = _peek_seq_digest(item.payload)
-                    if seq is not None:
-                        out.append(Segment(path=file, offset=item.offset, seq=seq,
-                                           digest=digest))
-                elif kind == INDEX and out and out[-1].path == file:
-                    index = _try(decoder, item.payload)
-                    if isinstance(index, Index) and index.seq == out[-1].seq:
-                        candidates[id(out[-1])] = index
-                elif kind == END or kind == VANISHED:
-                    seq = _peek_seq(item.payload)
-                    if seq is not None:
-                        ends.append(seq)
+        for item in frames(file):
+            if isinstance(item, LogDamage):
+                if damage is not None:
+                    damage.append(item)
+                continue
+            kind = payload_kind(item.payload)
+            if kind == HEADER:
+                header = _try(decoder, item.payload)
+                if isinstance(header, Header) and header.seq == 0 and item.offset == 0:
+                    out.append(Segment(path=file, offset=0, seq=0, first_step=0))
+            elif kind == SNAPSHOT:
+                head = snapshot_head(item.payload)
+                if head is not None:
+                    out.append(Segment(path=file, offset=item.offset, seq=head[0],
+                                       digest=head[1]))
+            elif kind == INDEX and out and out[-1].path == file:
+                index = _try(decoder, item.payload)
+                if isinstance(index, Index) and index.seq == out[-1].seq:
+                    candidates[id(out[-1])] = index
+            elif kind == END or kind == VANISHED:
+                seq = payload_seq(item.payload)
+                if seq is not None:
+                    ends.append(seq)
     for number, segment in enumerate(out):
         segment.end_seq = out[number + 1].seq if number + 1 < len(out) else (
             ends[-1] if ends else -1)
@@ -125,32 +120,6 @@ def _try(decoder: LogDecoder, payload: bytes) -> Any:
         return decoder.decode(payload)
     except LogCorrupt:
         return None
-
-
-def _peek_seq_digest(payload: bytes) -> tuple[int | None, str]:
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(payload[:64])
-    try:
-        unpacker.read_array_header()
-        unpacker.skip()  # kind
-        seq = unpacker.unpack()
-        unpacker.skip()  # wall
-        digest = unpacker.unpack()
-    except Exception:  # msgpack raises several unrelated types
-        return None, ""
-    return (seq if isinstance(seq, int) else None), (digest if isinstance(digest, str) else "")
-
-
-def _peek_seq(payload: bytes) -> int | None:
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(payload[:16])
-    try:
-        unpacker.read_array_header()
-        unpacker.skip()  # kind
-        seq = unpacker.unpack()
-    except Exception:  # msgpack raises several unrelated types
-        return None
-    return seq if isinstance(seq, int) else None
 
 
 def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:

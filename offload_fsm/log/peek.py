@@ -52,14 +52,10 @@ def body_at(payload: bytes) -> tuple[int, int, int] | None:
     """``(items, seq, at)``: the envelope's item count, its seq, and where
     its body starts; None if the envelope is odd."""
     try:
-        first = payload[0]
-        if 0x90 <= first <= 0x9F:
-            items, at = first & 0x0F, 1
-        elif first in _ARRAY_START:
-            at = _ARRAY_START[first]
-            items = int.from_bytes(payload[1:at], "big")
-        else:
+        head = _items_at(payload)
+        if head is None:
             return None
+        items, at = head
         seq, at = _uint(payload, at + 1)  # after the kind
         _, at = _uint(payload, at)  # the wall clock: not part of the body
     except (IndexError, KeyError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import msgpack
 
-from logfiles.scan import Entry, LogDamage, frames, read_file, read_run
+from logfiles.scan import Entry, LogDamage, frames, read_file, read_log
 from offload_fsm.log.framing import Record, frame
 from offload_fsm.log.names import file_name
 from offload_fsm.log.records import SCHEMA_VERSION, Header, Snapshot, encode_header
@@ -72,7 +72,7 @@ def test_a_file_that_does_not_start_with_a_header_says_so(tmp_path: Path) -> Non
 def test_a_run_is_read_file_by_file_in_number_order(tmp_path: Path) -> None:
     for seqno in (10, 9):
         (tmp_path / file_name("run", seqno)).write_bytes(frame(_header(seq=seqno)))
-    entries = [item for item in read_run(tmp_path) if isinstance(item, Entry)]
+    entries = [item for item in read_log(tmp_path) if isinstance(item, Entry)]
     assert [(Path(e.path).name, e.record.seq) for e in entries] == [
         ("run-000009.lolog", 9), ("run-000010.lolog", 10)]
 

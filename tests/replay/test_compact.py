@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logfiles.scan import read_file
 from offload_fsm.log.batch import Deflater, Inflater
 from offload_fsm.log.compact import WireContext, refer, resolve
 from offload_fsm.log.framing import Record, scan
 from offload_fsm.log.peek import payload_kind
 from offload_fsm.log.records import BATCH, INDEX, SNAPSHOT
 from offload_fsm.vocabulary.errors import LogCorrupt
-from replay.reader import read_file
 from replay.runner import replay
 from tests.replay.conftest import record_workload
 
@@ -405,7 +405,7 @@ def test_each_segment_index_is_keyed_with_the_bodies_the_segment_holds(
 
 
 def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path: Path) -> None:
-    from replay import reader
+    from logfiles import scan as reader
     from replay.seek import segments
 
     directory, _ = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,
