@@ -12,4 +12,10 @@ needs the other. Nothing else lists or scans ``.lolog`` files.
 * ``scan``: THE loop over a file's frames, from its start or from a segment's
   offset: decoded records (:class:`~logfiles.scan.Entry`) and every damage
   (:class:`~logfiles.scan.LogDamage`), framing and decoding alike.
+* ``segments``: where replay can start in a run (its snapshots, and the
+  run's header at event 0) and the INDEX records it can trust, from one
+  CRC-only pass.
+
+The envelope peeks (a payload's kind, seq, a snapshot's digest) stay in the
+pure ``offload_fsm.log.peek``; this package calls them.
 """

@@ -19,6 +19,7 @@ from typing import Final
 import attrs
 
 from logfiles.runs import run_files
+from logfiles.segments import segments
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import OBSERVATION_TYPES, Event
 from offload_fsm.vocabulary.outcome import Outcome
@@ -94,7 +95,7 @@ def first_decision(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str
     decisions differ (:class:`DecisionSplit`); None when none does in the
     first :data:`DECISION_WINDOW` observations."""
     def run(path: str | os.PathLike[str], prefix: str | None, observer: _Decisions) -> None:
-        first = seek.segments(path, prefix)
+        first = segments(path, prefix)
         if first and first[0].seq == 0:
             seek.replay_from(run_files(path, prefix), first[0], observer,
                              lambda fold: observer.done)

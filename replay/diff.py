@@ -44,6 +44,7 @@ from typing import Any, Final
 import attrs
 
 from logfiles.scan import Entry, LogDamage, read_file
+from logfiles.segments import segments
 from offload_fsm.log.records import Inputs
 from offload_fsm.log.wire import from_wire, outcome_check, outcome_wire, wire_check
 from offload_fsm.state import State
@@ -158,8 +159,8 @@ def diff_logs(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str], *,
               prefix_a: str | None = None, prefix_b: str | None = None,
               full: bool = False, ledgers: bool = True) -> DiffResult:
     """Compare two logs; see the module docstring."""
-    skip_a, skip_b = ({}, {}) if full else equal_segments(seek.segments(a_path, prefix_a),
-                                                           seek.segments(b_path, prefix_b))
+    skip_a, skip_b = ({}, {}) if full else equal_segments(segments(a_path, prefix_a),
+                                                           segments(b_path, prefix_b))
     a, b = scan_digests(a_path, prefix_a, skip_a), scan_digests(b_path, prefix_b, skip_b)
     result = DiffResult(damage=[*a.damage, *b.damage], full=full)
     if a.header is None or b.header is None:
@@ -333,7 +334,7 @@ def _replay_end(scanned: Digests, seq: int | None, ledgers: bool
 def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResult:
     """Replay ``file`` from its last segment starting at or before ``seq``
     (``replay.seek``; the whole file where none restores)."""
-    starts = [s for s in seek.segments(file) if s.seq <= seq]
+    starts = [s for s in segments(file) if s.seq <= seq]
     result = (seek.replay_from([file], starts[-1], observer, until) if starts else None)
     return result if result is not None else replay(file, observer=observer)
 

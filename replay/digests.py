@@ -11,7 +11,7 @@ what follows damage in its segment is not trusted (compact forms after lost
 records do not decode).
 
 :func:`equal_segments` finds the leading segments two runs close with the
-same INDEX key (``replay.seek.segments``' CRC-only pass): ``scan_digests``
+same INDEX key (``logfiles.segments``' CRC-only pass): ``scan_digests``
 skips them without even inflating them, so a divergence near the end of a
 long run costs one pass over the frames and the last segments.
 """
@@ -28,6 +28,7 @@ import msgpack
 
 from logfiles.runs import run_files
 from logfiles.scan import LogDamage, frames
+from logfiles.segments import Segment
 from offload_fsm.log.batch import Inflater
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.peek import body_at, snapshot_head
@@ -44,7 +45,6 @@ from offload_fsm.log.records import (
     Header,
 )
 from offload_fsm.vocabulary.errors import LogCorrupt
-from replay import seek
 
 __all__ = ["Chunk", "Digests", "equal_segments", "input_chunk", "scan_digests"]
 
@@ -109,7 +109,7 @@ def scan_digests(path: str | os.PathLike[str], prefix: str | None = None,
     return out
 
 
-def equal_segments(a: list[seek.Segment], b: list[seek.Segment]) -> tuple[_Skip, _Skip]:
+def equal_segments(a: list[Segment], b: list[Segment]) -> tuple[_Skip, _Skip]:
     """The leading segments two runs share: same events, same snapshot digest
     at their start, and an INDEX key (``log.records.Index.key``) that says the
     same bodies follow, for each side as ``scan_digests``'s ``skip``."""

@@ -23,13 +23,13 @@ from typing import Any
 
 from logfiles.runs import run_prefixes
 from logfiles.scan import Entry, read_log
+from logfiles.segments import segments
 from offload_fsm.log.compact import requests_of
 from offload_fsm.log.records import Inputs
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import CandidateOffered, Event, RequestPreempted
 from offload_fsm.vocabulary.outcome import Outcome
-from replay import seek
 from replay.opstory import OpTracker
 from replay.text import field
 from replay.usage import UsageError
@@ -41,7 +41,7 @@ AMBIGUOUS_SHOWN = 8  # ids listed for an ambiguous prefix
 def request_ids(path: str | os.PathLike[str], prefix: str | None = None) -> list[str]:
     """Every request id the run names, in first-seen order (see the module
     docstring)."""
-    found = seek.segments(path, prefix)
+    found = segments(path, prefix)
     if found and all(s.index is not None and s.index.requests is not None for s in found):
         ids: dict[str, None] = {}
         for segment in found:

@@ -136,8 +136,8 @@ def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
 
 
 def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
+    from logfiles.segments import segments
     from replay.diff import equal_segments, scan_digests
-    from replay.seek import segments
 
     a, world = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64,
                                concurrency=8, recorder_options={
@@ -185,8 +185,8 @@ def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
 
 
 def test_damage_inside_segments_that_would_be_skipped_is_still_reported(tmp_path: Path) -> None:
+    from logfiles.segments import segments
     from replay.diff import equal_segments
-    from replay.seek import segments
 
     a, _ = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64, concurrency=8,
                            recorder_options={"snapshot_every": 200})  # batched: compact forms
