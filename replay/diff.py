@@ -260,11 +260,8 @@ def _fields_differing(x: Event, y: Event) -> str:
 
 
 def _digest_divergence(result: DiffResult, a: Digests, b: Digests, upper: int) -> None:
-    result.identical = False
-    result.seq = upper
-    result.kind = "digest"
-    result.detail = ("the state digests differ after this event, though every event and "
-                     "outcome up to it matches")
+    _diverge(result, upper, "digest", "the state digests differ after this event, though "
+             "every event and outcome up to it matches", None, None)
     result.a = Side(event=None, check=None, outcome="", digest=a.digests[upper])
     result.b = Side(event=None, check=None, outcome="", digest=b.digests[upper])
 
