@@ -1,10 +1,11 @@
 """The event log's files on disk: which files make a run, and what they hold.
 
 Contract: reads files and directories, never writes them; imports only the
-standard library and :mod:`offload_fsm.log` (the pure codec: names, framing,
-decoding, peeking), so the recorder process (``connector``) and every
-``replay`` command share one definition of a run and one scan, and neither
-needs the other. Nothing else lists or scans ``.lolog`` files.
+standard library, attrs, :mod:`offload_fsm.log` (the pure codec: names,
+framing, decoding, peeking) and the log's errors, so the recorder process
+(``connector``) and every ``replay`` command share one definition of a run
+and one scan, and neither needs the other. Nothing else lists or scans
+``.lolog`` files.
 
 * ``runs``: a run is every file of one prefix in one directory; its files in
   :func:`~offload_fsm.log.names.file_sort_key` order, a directory's prefixes,
