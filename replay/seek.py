@@ -27,11 +27,7 @@ from logfiles.runs import run_files
 from logfiles.scan import Entry, LogDamage, read_file
 from logfiles.segments import Segment, segments
 from offload_fsm.log.compact import requests_of
-from offload_fsm.log.records import (
-    Header,
-    Inputs,
-    Snapshot,
-)
+from offload_fsm.log.records import Header, Inputs, Snapshot
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
 from replay.runner import Observer, ReplayResult, _Fold, replay
