@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.bench_fold LOG [--prefix RUN] [--repeat 5]
 
-Decodes the run once (``replay.reader``), then folds every event through
+Decodes the run once (``logfiles.scan``), then folds every event through
 ``offload_fsm.machine.step`` from a fresh state ``--repeat`` times and keeps
 the fastest pass, timed with the process CPU clock (a shared, loaded box
 stretches wall time, not this much). Decoding, outcome checks and digests

@@ -1,6 +1,6 @@
 """Re-running the core on a recorded log, and the first divergence.
 
-:func:`replay` reads a run (:mod:`replay.reader`), builds a fresh state from
+:func:`replay` reads a run (:mod:`logfiles.scan`), builds a fresh state from
 the first header (config, world size), and folds every recorded event through
 :func:`offload_fsm.machine.step`, comparing each outcome with its recorded
 check and the state with every DIGEST and END record. It stops folding at

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from logfiles.scan import Entry, read_log
 from offload_fsm import new_state
 from offload_fsm.log.records import Header, Inputs
 from offload_fsm.machine import step
@@ -32,7 +33,6 @@ from offload_fsm.vocabulary.events import (
     StepScheduled,
     StepsPassed,
 )
-from replay.reader import Entry, read_log
 from replay.runner import config_of
 
 

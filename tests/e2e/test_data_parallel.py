@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from logfiles.runs import run_files, run_prefixes
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import scan
-from replay.reader import run_files, run_prefixes
 from testkit.api_server import get, post_json, running_api_server
 from testkit.lmcache_server import LMCacheServer
 from tests.replay.test_verify import _cli

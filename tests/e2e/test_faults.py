@@ -157,7 +157,7 @@ def replay_log(log_dir: Path) -> tuple[Any, list[tuple[int, bool]]]:
 def log_tail(log_dir: Path) -> str:
     """What a log that lacks its END holds: its files and its last records (the
     evidence for a teardown that did not reach the connector's shutdown)."""
-    from replay.reader import Entry, read_log
+    from logfiles.scan import Entry, read_log
 
     files = sorted((p.name, p.stat().st_size) for p in log_dir.iterdir())
     entries = [e for e in read_log(log_dir) if isinstance(e, Entry)]

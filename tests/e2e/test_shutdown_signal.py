@@ -113,10 +113,10 @@ def test_an_engine_killed_with_sigkill_leaves_a_log_that_says_so(
     received, ends the log with VANISHED and exits; replay verifies up to it."""
     from vllm import SamplingParams, TokensPrompt
 
+    from logfiles.runs import run_files
     from offload_fsm.log.framing import Record, scan
     from offload_fsm.log.records import VANISHED
     from offload_fsm.log.wire import unpackb
-    from replay.reader import run_files
     from replay.runner import replay
 
     log_dir = tmp_path / "events"

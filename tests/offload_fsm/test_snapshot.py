@@ -134,8 +134,8 @@ def test_counters_added_later_start_at_zero_in_declaration_order() -> None:
 def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
     from pathlib import Path
 
+    from logfiles.scan import Entry, read_log
     from offload_fsm.log.records import Header, Snapshot
-    from replay.reader import Entry, read_log
     from replay.runner import config_of
 
     # The v5 golden log (a real scheduler's, with shared prefixes) holds format 1 snapshots.
