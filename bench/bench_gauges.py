@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.bench_gauges LOG [--prefix RUN]
 
 vLLM's scheduler calls the connector's ``get_kv_connector_stats`` every step
-(with stats on), and ``connector.metrics.StatsSource.collect`` runs there
+(with stats on), and ``connector.shell.metrics.StatsSource.collect`` runs there
 (counter deltas, changed gauges). This folds the log's events through
 ``offload_fsm.machine.step`` and, after each ``StepScheduled``, times
 ``collect`` (the gauges of the ops from the core's live tallies) and, side by
@@ -22,7 +22,7 @@ import time
 from types import SimpleNamespace
 
 from bench.bench_fold import read_events
-from connector.metrics import StatsSource
+from connector.shell.metrics import StatsSource
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.machine import step
 from offload_fsm.state import new_state

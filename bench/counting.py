@@ -11,8 +11,8 @@ from typing import Any
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 
-from connector.lmcache_connector import EventSourcedLMCacheMPConnector
-from connector.manager import EventSourcedManager
+from connector.shell.lmcache_connector import EventSourcedLMCacheMPConnector
+from connector.shell.manager import EventSourcedManager
 
 
 class _Counting:

@@ -175,17 +175,16 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
     from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
     from bench.sim import loop
-    from connector import (
+    from connector import handoff, supervisor
+    from connector.shell import (
         blocks,
-        handoff,
         lmcache_connector,
         manager,
         metrics,
         pool_commands,
         step_reading,
-        supervisor,
     )
-    from connector.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
+    from connector.shell.lmcache_connector import EventSourcedLMCacheMPConnector as Connector
 
     mgr = manager.EventSourcedManager
     for owner, name, phase in (

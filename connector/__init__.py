@@ -1,4 +1,8 @@
-"""connector: the vLLM KV connector shell around ``offload_fsm``.
+"""connector: the vLLM KV connector around ``offload_fsm``, in three packages
+by the process and thread they run in: ``connector.shell`` (vLLM's
+scheduler thread: the connector class and the manager that feeds the core),
+``connector.handoff`` (the engine's side of the event log) and
+``connector.recorder`` (the recorder process that writes it).
 
 Load it in vLLM with ``"kv_connector": "EventSourcedLMCacheMPConnector",
 "kv_connector_module_path": "connector"`` (or by name alone once the
@@ -14,7 +18,7 @@ __all__ = ["EventSourcedLMCacheMPConnector"]
 
 def __getattr__(name: str) -> Any:
     if name == "EventSourcedLMCacheMPConnector":
-        from connector.lmcache_connector import EventSourcedLMCacheMPConnector
+        from connector.shell.lmcache_connector import EventSourcedLMCacheMPConnector
 
         return EventSourcedLMCacheMPConnector
     raise AttributeError(f"module 'connector' has no attribute {name!r}")

@@ -31,7 +31,7 @@ ABORT_LEAD_S = 5.0
 # happens without any KV connector when SIGTERM lands on one of the engine's other
 # threads). So an engine still alive this long after shutdown began gets SIGTERM
 # again, sent to its main thread, which wakes it; the engine log says so. An engine
-# running our connector does that itself (``connector.shutdown_signal``); this is
+# running our connector does that itself (``connector.shell.shutdown_signal``); this is
 # for the others (no connector, LMCache's own).
 REDELIVER_AFTER_S = 10.0
 

@@ -9,7 +9,7 @@ Python process under it runs :func:`install` at start-up. With
 ``LAZY_OFFLOAD_SOAK_LOSE_RECEIPT_AFTER_S`` unset that is a no-op.
 
 With it set, :func:`install` adds an import hook that, once
-``connector.manager`` is imported, wraps
+``connector.shell.manager`` is imported, wraps
 ``EventSourcedManager.on_store_results``: the first call at or after
 ``T0 + AFTER_S`` (wall clock; ``T0`` is ``LAZY_OFFLOAD_SOAK_LOSE_RECEIPT_T0``
 in epoch seconds, or ``@PATH``: the epoch seconds written into PATH later, the
@@ -40,7 +40,7 @@ from typing import Any
 AFTER_ENV = "LAZY_OFFLOAD_SOAK_LOSE_RECEIPT_AFTER_S"
 T0_ENV = "LAZY_OFFLOAD_SOAK_LOSE_RECEIPT_T0"
 NOTE_ENV = "LAZY_OFFLOAD_SOAK_LOSE_RECEIPT_NOTE"
-TARGET = "connector.manager"
+TARGET = "connector.shell.manager"
 FIRED = "lose_one_receipt: dropped a store receipt"
 
 SITECUSTOMIZE = """\
@@ -65,7 +65,7 @@ def write_sitecustomize(directory: Path) -> Path:
 
 
 def install() -> None:
-    """Patch ``connector.manager`` now if it is imported, else when it is."""
+    """Patch ``connector.shell.manager`` now if it is imported, else when it is."""
     due = _Due(float(os.environ[AFTER_ENV]), os.environ.get(T0_ENV) or str(time.time()))
     module = sys.modules.get(TARGET)
     if module is not None:

@@ -10,7 +10,7 @@ golden log of a schema version: ``tests/data/make_golden.py``).
 With ``pass_quiet_steps`` each recorded ``StepScheduled`` that the shell
 would pass today (``queries.step_passes`` on the state before it) goes into a
 ``StepsPassed`` instead, reported before the next other event, as
-``connector.manager`` does: a log recorded before passed steps existed,
+``connector.shell.manager`` does: a log recorded before passed steps existed,
 brought to today's shape.
 """
 

@@ -1,4 +1,4 @@
-"""``connector.blocks`` over a real vLLM ``BlockPool``: the free-queue head
+"""``connector.shell.blocks`` over a real vLLM ``BlockPool``: the free-queue head
 is the list's first blocks in every state the pool gets into (allocations,
 prefix-cache touches out of the middle, frees), even when the free count
 disagrees with the list; a hash read gives each block's fingerprint, None
@@ -18,7 +18,7 @@ require_stack()
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
 
-from connector import blocks  # noqa: E402
+from connector.shell import blocks  # noqa: E402
 
 BLOCK = 16
 
@@ -111,7 +111,7 @@ def test_the_engine_index_is_vllms_data_parallel_index_not_the_reset_rank() -> N
     engine; ``data_parallel_index`` keeps the engine's own."""
     from types import SimpleNamespace
 
-    from connector.lmcache_connector import engine_index_of
+    from connector.shell.lmcache_connector import engine_index_of
 
     assert engine_index_of(SimpleNamespace(data_parallel_rank=0, data_parallel_index=1)) == 1
     assert engine_index_of(SimpleNamespace(data_parallel_rank=2)) == 2  # an older vLLM

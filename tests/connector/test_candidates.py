@@ -1,5 +1,5 @@
 """The lazy store-candidate path offers exactly what LMCache's store path
-would (``connector.candidates``): on random request trackers, the range, the
+would (``connector.shell.candidates``): on random request trackers, the range, the
 block ids and the stored-token mark are those of LMCache's own
 ``GetStoreMetadata``, under each limit it honours per request (the request's
 ``lmcache.max_offload_tokens``, the decode-cache setting, hits, allocation in
@@ -24,8 +24,8 @@ from lmcache.integration.vllm.lmcache_mp_metadata import (  # noqa: E402
 )
 from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group  # noqa: E402
 
-from connector.candidates import source_of, storable_end  # noqa: E402
-from connector.stores import StoreBuilder  # noqa: E402
+from connector.shell.candidates import source_of, storable_end  # noqa: E402
+from connector.shell.stores import StoreBuilder  # noqa: E402
 from offload_fsm.vocabulary.commands import SubmitStore  # noqa: E402
 
 CHUNK = 256

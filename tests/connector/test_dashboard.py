@@ -2,7 +2,7 @@
 connector exports, all of it, per engine.
 
 What the connector exports is not a hand list: :func:`exported_metrics` builds
-:class:`connector.metrics.LazyOffloadPromMetrics` with vLLM's own Prometheus
+:class:`connector.shell.metrics.LazyOffloadPromMetrics` with vLLM's own Prometheus
 metric classes (``KVConnectorProm``'s) against a fresh ``CollectorRegistry``
 and the label names vLLM's ``PrometheusStatLogger`` passes (``model_name``,
 ``engine``), once for each primary selection reason, and reads back every
@@ -46,7 +46,7 @@ require_stack()
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm  # noqa: E402
 
-from connector import metrics  # noqa: E402
+from connector.shell import metrics  # noqa: E402
 from offload_fsm.vocabulary.counters import SELECTED_BY  # noqa: E402
 from offload_fsm.vocabulary.decisions import SelectReason  # noqa: E402
 

@@ -423,7 +423,7 @@ def test_a_real_full_tmpfs(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def make_recorder() -> Any:
-    from connector.lmcache_connector import _make_handoff
+    from connector.shell.lmcache_connector import _make_handoff
 
     return _make_handoff
 
@@ -451,7 +451,7 @@ def test_a_configured_unwritable_log_dir_fails_start_up_naming_key_path_and_erro
 def test_the_default_log_dir_unwritable_warns_once_and_serves_without_a_log(
         tmp_path: Path, make_recorder: Any, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    import connector.lmcache_connector as module
+    import connector.shell.lmcache_connector as module
 
     monkeypatch.delenv(module.DEFAULT_LOG_DIR_ENV, raising=False)
     monkeypatch.setattr(module, "DEFAULT_LOG_DIR", str(_unwritable(tmp_path)))
@@ -465,7 +465,7 @@ def test_a_stale_probe_of_a_reused_pid_does_not_fail_start_up(tmp_path: Path) ->
     """A process killed between its probe's create and unlink left
     ``.probe-<pid>``; a new engine with the same pid (a container restarted)
     still finds the directory writable, and leaves nothing of its own."""
-    from connector.lmcache_connector import _check_writable
+    from connector.shell.lmcache_connector import _check_writable
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -477,7 +477,7 @@ def test_a_stale_probe_of_a_reused_pid_does_not_fail_start_up(tmp_path: Path) ->
 
 def test_a_writable_log_dir_gets_the_configured_bounds(
         tmp_path: Path, make_recorder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import connector.lmcache_connector as module
+    import connector.shell.lmcache_connector as module
 
     specs: list[dict[str, Any]] = []
 

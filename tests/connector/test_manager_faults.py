@@ -20,9 +20,9 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp  # n
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
 
-from connector import manager as manager_module  # noqa: E402
-from connector.manager import EventSourcedManager  # noqa: E402
 from connector.recording import EventRecorder  # noqa: E402
+from connector.shell import manager as manager_module  # noqa: E402
+from connector.shell.manager import EventSourcedManager  # noqa: E402
 from offload_fsm import OffloadConfig, Policy  # noqa: E402
 
 BLOCK = 16

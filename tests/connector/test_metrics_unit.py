@@ -1,4 +1,4 @@
-"""``connector.metrics`` without a server: the stats class keeps LMCache's lookup
+"""``connector.shell.metrics`` without a server: the stats class keeps LMCache's lookup
 field and merges ours; the stats source sends deltas and changed gauges only;
 the Prometheus class exports every core counter, keeps LMCache's histogram, and
 the ledger closes from its samples alone."""
@@ -17,8 +17,8 @@ require_stack()
 from lmcache.integration.vllm.lmcache_mp_metrics import LMCacheMPConnectorStats  # noqa: E402
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
 
-from connector import metrics  # noqa: E402
-from connector.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: E402
+from connector.shell import metrics  # noqa: E402
+from connector.shell.lmcache_connector import EventSourcedLMCacheMPConnector  # noqa: E402
 from offload_fsm import Policy  # noqa: E402
 from offload_fsm.invariants import ledger_terms  # noqa: E402
 from offload_fsm.machine import step  # noqa: E402

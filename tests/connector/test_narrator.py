@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from connector.narrator import Narrator
+from connector.shell.narrator import Narrator
 from offload_fsm.vocabulary.decisions import StoreAbandoned
 from offload_fsm.vocabulary.outcome import Outcome
 from tests.offload_fsm.test_lease import stored_early
@@ -46,7 +46,7 @@ def test_a_stale_warning_carries_the_run_and_the_request(
         caplog: pytest.LogCaptureFixture) -> None:
     """What ``replay explain`` needs is on the line: the run (the start-up
     line names its directory) and the request id."""
-    from connector.logs import LOGGER_NAME, get_logger
+    from connector.shell.logs import LOGGER_NAME, get_logger
     from tests.offload_fsm.helpers import Harness, ea
 
     h = Harness(ea())
@@ -69,7 +69,7 @@ def test_a_stale_warning_carries_the_run_and_the_request(
 
 
 def test_a_reset_names_the_requests_it_cost_once(caplog: pytest.LogCaptureFixture) -> None:
-    from connector.logs import LOGGER_NAME, get_logger
+    from connector.shell.logs import LOGGER_NAME, get_logger
     from tests.offload_fsm.helpers import Harness, ea
 
     h = Harness(ea())

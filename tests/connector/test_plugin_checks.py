@@ -15,7 +15,7 @@ require_stack()
 
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig  # noqa: E402
 
-from connector.plugin import CONNECTOR_NAME, register  # noqa: E402
+from connector.shell.plugin import CONNECTOR_NAME, register  # noqa: E402
 
 
 def _config(prefix_caching: bool) -> Any:

@@ -13,7 +13,7 @@ from testkit.env import require_stack
 
 require_stack()
 
-from connector.step_reading import ReserveForecast, next_need  # noqa: E402
+from connector.shell.step_reading import ReserveForecast, next_need  # noqa: E402
 
 BLOCK = 16
 

@@ -1,4 +1,4 @@
-"""The SIGTERM forwarder (``connector.shutdown_signal``), in a child process
+"""The SIGTERM forwarder (``connector.shell.shutdown_signal``), in a child process
 shaped like vLLM's idle engine core: the main thread waits on a queue with
 no timeout, and the SIGTERM handler wakes it through a helper thread (as
 vLLM's ``SignalCallback`` does). A signal sent to another thread by
@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = textwrap.dedent("""
     import logging, os, queue, signal, sys, threading
-    from connector import shutdown_signal
+    from connector.shell import shutdown_signal
     from testkit.engine import signal_thread
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

@@ -19,7 +19,7 @@ from offload_fsm.vocabulary.config import Settings, ShellConfig  # noqa: E402
 def test_the_start_up_line_names_the_directory_and_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    import connector.lmcache_connector as module
+    import connector.shell.lmcache_connector as module
 
     def launcher(spec: dict[str, Any]) -> Any:
         def launch() -> Any:

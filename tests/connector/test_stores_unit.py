@@ -5,7 +5,7 @@ request's source as it was at the latest offer."""
 
 from __future__ import annotations
 
-from connector.stores import StoreBuilder, StoreSource
+from connector.shell.stores import StoreBuilder, StoreSource
 from offload_fsm.vocabulary.commands import SubmitStore
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from connector import shutdown_signal
+from connector.shell import shutdown_signal
 from replay.runner import replay
 from tests.connector.test_manager_faults import Shell
 

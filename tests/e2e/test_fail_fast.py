@@ -2,7 +2,7 @@
 in a subprocess with ``lmcache.mp.lazy_offload_threshold: 0``, or with lazy offload on
 and prefix caching off; its log must carry our error (the same message the connector's
 constructor gives) and no weight-loading line before it. Before the checks moved to
-class resolution and the finished config (``connector.plugin``), the errors came from
+class resolution and the finished config (``connector.shell.plugin``), the errors came from
 the connector (its ``__init__``, or a class method the workers call), after the model
 had loaded."""
 

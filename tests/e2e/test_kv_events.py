@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from connector.kv_events import (
+from connector.shell.kv_events import (
     ENGINE_DRIVEN,
     LMCACHE_DRIVEN,
     blind_servers,

@@ -1,5 +1,5 @@
 """A SIGTERM the kernel hands to one of the engine core's other threads still
-shuts the engine down, and the event log is sealed (``connector.shutdown_signal``).
+shuts the engine down, and the event log is sealed (``connector.shell.shutdown_signal``).
 
 vLLM 0.32's idle engine core waits on its input queue with no timeout; CPython
 runs its SIGTERM handler only on the main thread, when it wakes. A process-directed

@@ -273,7 +273,7 @@ def test_nothing_outside_tests_imports_tests(top_level: str) -> None:
 def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     source = tmp_path / "sample.py"
     source.write_text(
-        "import connector.blocks\n"
+        "import connector.shell.blocks\n"
         "def later():\n"
         "    from tests.e2e import conftest\n"
         "    return ['-m', 'tests.e2e.helper', 'see tests.e2e for more']\n"

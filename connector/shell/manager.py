@@ -5,12 +5,12 @@ LMCache 0.5.6's ``LMCacheMPConnector`` routes every lazy-offload call through
 one object (``_lazy_offload_manager``) with nine methods; this class is that
 object. Each call becomes one observation event; :func:`offload_fsm.drive`
 applies it and runs the command loop against vLLM's ``BlockPool``
-(``connector.pool_commands``, which also keeps the shell's records of what
+(``connector.shell.pool_commands``, which also keeps the shell's records of what
 it pinned and submitted).
 
-No business rule lives here: building stores is ``connector.stores``, what
-a step's output says ``connector.step_reading``, the log lines
-``connector.narrator``, the rules the core's.
+No business rule lives here: building stores is ``connector.shell.stores``, what
+a step's output says ``connector.shell.step_reading``, the log lines
+``connector.shell.narrator``, the rules the core's.
 
 Keeping vLLM stepping: ``has_inflight_store_work`` (LMCache's
 ``has_pending_push_work``, which vLLM's ``Scheduler.has_requests`` reads)
@@ -20,7 +20,7 @@ coming empty step will flush. vLLM's engine-core busy loop then runs
 zero-token steps, whose connector metadata the workers still execute
 (``kv_connector_no_forward`` binds it and calls ``wait_for_save``). The
 shutdown flush: :meth:`shutdown_began` is called from a SIGTERM/SIGINT hook
-(``connector.shutdown_signal``); vLLM's busy loop keeps stepping after the
+(``connector.shell.shutdown_signal``); vLLM's busy loop keeps stepping after the
 signal while we report work, so the next step feeds ``ShutdownBegan`` and
 flushes, and the receipts are awaited until ``shutdown_flush_s`` has passed.
 
@@ -46,12 +46,12 @@ from typing import Any, TypeVar
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
-from connector import blocks
-from connector.logs import get_logger
-from connector.narrator import Narrator, counters_line
-from connector.pool_commands import PoolCommands
-from connector.step_reading import StepReader
-from connector.stores import StoreBuilder, StoreSource
+from connector.shell import blocks
+from connector.shell.logs import get_logger
+from connector.shell.narrator import Narrator, counters_line
+from connector.shell.pool_commands import PoolCommands
+from connector.shell.step_reading import StepReader
+from connector.shell.stores import StoreBuilder, StoreSource
 from offload_fsm import OffloadConfig, drive, new_state
 from offload_fsm.after_failure import DrainOnly
 from offload_fsm.queries import ema_after, has_in_flight, keeps_stepping
@@ -170,7 +170,7 @@ class EventSourcedManager:
         ``group_block_ids``; ``source`` is what its STOREs take.
 
         Called by the connector's lazy store-candidate path
-        (``connector.candidates``) while LMCache builds the step's metadata,
+        (``connector.shell.candidates``) while LMCache builds the step's metadata,
         before ``on_scheduler_step``. Buffers the range (``CandidateOffered``
         with the blocks' fingerprints); never stores it now."""
         if self._pool is None:
@@ -284,7 +284,7 @@ class EventSourcedManager:
 
     @_hook(lambda: None)
     def shutdown_began(self) -> None:
-        """vLLM's engine process got SIGTERM/SIGINT (``connector.shutdown_signal``).
+        """vLLM's engine process got SIGTERM/SIGINT (``connector.shell.shutdown_signal``).
         Runs inside a signal handler: it only notes it (and, with a shutdown
         flush on, the time; the next step feeds ``ShutdownBegan``)."""
         self._signal_seen = True

@@ -32,8 +32,8 @@ from typing import Any
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 
-from connector import blocks
-from connector.stores import StoreBuilder
+from connector.shell import blocks
+from connector.shell.stores import StoreBuilder
 from offload_fsm.rules.pins import decref
 from offload_fsm.vocabulary.commands import (
     Command,

@@ -19,7 +19,7 @@ append-only, and alive with the request anyway) and its length at the latest
 offer, and the STORE's token list is sliced from it only when it is built:
 the same tokens a copy at the offer would have held. Only multimodal
 prompts, whose key ids differ from vLLM's, hold a copy
-(``connector.candidates``).
+(``connector.shell.candidates``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
-from connector.logs import get_logger
+from connector.shell.logs import get_logger
 
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 VLLM_ENGINE_CORE: Final = "vllm.v1.engine.core"

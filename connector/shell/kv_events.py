@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from connector.logs import LOGGER_NAME
+from connector.shell.logs import LOGGER_NAME
 
 TRANSFER_MODE_KEY = "lmcache.mp.mp_transfer_mode"
 TRANSFER_MODE_ENV = "LMCACHE_MP_TRANSFER_MODE"

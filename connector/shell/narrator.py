@@ -1,7 +1,7 @@
 """The shell's log lines: quiet, structured, one line per failure.
 
 :class:`Narrator` reads the core's decisions and logs only what an operator
-acts on, as ``<event> key=value ...`` (``connector.logs``):
+acts on, as ``<event> key=value ...`` (``connector.shell.logs``):
 
 * a stale skip (hash mismatch at verification), once per request and batch;
 * an unhashed candidate (the request's later ops cannot be stored);

@@ -5,7 +5,7 @@ Drop-in: same ``lmcache.mp.*`` keys, same LMCache server, no server flags.
 Everything but the lazy-offload decisions (lookup, retrieve, store transfers,
 sessions, the worker side and its receipts) is LMCache's own code, unchanged:
 LMCache 0.5.6 routes every lazy-offload call through one manager object, and
-this class swaps in :class:`connector.manager.EventSourcedManager`.
+this class swaps in :class:`connector.shell.manager.EventSourcedManager`.
 
 * ``lmcache.mp.lazy_offload`` false (the default): exactly the stock
   connector (eager stores).
@@ -18,7 +18,7 @@ messages) runs at the earliest points vLLM hands the class its config, before
 any worker loads weights: the class methods vLLM calls while it resolves the
 engine's config (``requires_piecewise_for_cudagraph``,
 ``get_required_kvcache_layout``, ``build_prom_metrics``) and, through the
-plugin (``connector.plugin``), every resolution of the connector class,
+plugin (``connector.shell.plugin``), every resolution of the connector class,
 which the front end does in ``VllmConfig.__post_init__``.
 
 The event log costs the engine one number and one pack per event: a
@@ -26,7 +26,7 @@ recorder process of its own writes it (``connector.handoff``,
 ``connector.recorder``).
 
 Metrics: :meth:`get_kv_connector_stats` returns LMCache's lookup stats plus the
-lazy-offload counter deltas and gauges (``connector.metrics``); the class
+lazy-offload counter deltas and gauges (``connector.shell.metrics``); the class
 methods ``build_kv_connector_stats`` and ``build_prom_metrics`` turn them into
 the "KV Transfer metrics" log line and ``vllm:lazy_offload_*`` on ``/metrics``.
 """
@@ -43,13 +43,13 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-from connector import kv_events, metrics, shutdown_signal
-from connector.candidates import source_of, storable_end
 from connector.eventlog import default_prefix
 from connector.handoff import Handoff
-from connector.logs import LOGGER_NAME
-from connector.manager import EventSourcedManager
 from connector.recording import installed_versions
+from connector.shell import kv_events, metrics, shutdown_signal
+from connector.shell.candidates import source_of, storable_end
+from connector.shell.logs import LOGGER_NAME
+from connector.shell.manager import EventSourcedManager
 from connector.supervisor import launcher
 from offload_fsm import parse_config
 from offload_fsm.log.names import FILE_SUFFIX
@@ -113,7 +113,7 @@ def _pool_hash(block_hash: Any) -> Any:
 class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         self._stats_source: metrics.StatsSource | None = None
-        self._lazy_candidates = False  # our store-candidate path (connector.candidates)
+        self._lazy_candidates = False  # our store-candidate path (connector.shell.candidates)
         self._handoff: Handoff | None = None
         settings = check_vllm_config(vllm_config)
         config = settings.offload
@@ -148,12 +148,12 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         # LMCache-tier KV events for a router: one warning when none will arrive.
         kv_events.router_blind_warning(vllm_config, self.scheduler_adapter)
 
-    # -- the lazy store-candidate path (connector.candidates) ----------------
+    # -- the lazy store-candidate path (connector.shell.candidates) ----------------
 
     def _process_new_requests(self, scheduler_output: Any, metadata: Any) -> None:
         """Lazy: LMCache's bookkeeping of newly scheduled requests, and their
         whole new chunks offered to the manager; no store metadata is built
-        (``connector.candidates``). Eager: LMCache's own."""
+        (``connector.shell.candidates``). Eager: LMCache's own."""
         manager = self._lazy_offload_manager if self._lazy_candidates else None
         if not isinstance(manager, EventSourcedManager):
             super()._process_new_requests(scheduler_output, metadata)
@@ -206,7 +206,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
 
     @classmethod
     def check_lazy_offload_config(cls, extra_config: Any) -> None:
-        """Called by ``connector.plugin`` whenever vLLM resolves this class."""
+        """Called by ``connector.shell.plugin`` whenever vLLM resolves this class."""
         check_extra_config(extra_config)
 
     @classmethod
@@ -220,7 +220,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         layout: str | None = super().get_required_kvcache_layout(vllm_config)
         return layout
 
-    # -- metrics (connector.metrics) ---------------------------------------
+    # -- metrics (connector.shell.metrics) ---------------------------------------
 
     def get_kv_connector_stats(self) -> metrics.LazyOffloadConnectorStats | None:
         """LMCache's lookup latencies since the last call plus lazy offload's

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from connector import blocks
+from connector.shell import blocks
 from offload_fsm.queries import changed_hashes, step_passes, window_depth
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import PassedStep, StepScheduled
@@ -41,7 +41,7 @@ from offload_fsm.vocabulary.events import PassedStep, StepScheduled
 class StepReader:
     """A step as the core sees it (module docstring). ``group_tokens_per_block``:
     the tokens per block of each KV group that allocates (a scratch group's 0
-    left out); ``fingerprint``: of a block hash (``connector.blocks``)."""
+    left out); ``fingerprint``: of a block hash (``connector.shell.blocks``)."""
 
     def __init__(self, group_tokens_per_block: list[int], fingerprint: blocks.Fingerprint) -> None:
         self._group_tokens_per_block = group_tokens_per_block

@@ -12,7 +12,7 @@ So on the lazy path the connector keeps LMCache's tracker bookkeeping as
 LMCache does (scheduled tokens, appended block ids) and asks
 :func:`storable_end` instead: a few integer comparisons for a request
 without a new chunk, and for one with a chunk the slice of block ids it
-covers. ``connector.stores`` builds LMCache's metadata for what the core
+covers. ``connector.shell.stores`` builds LMCache's metadata for what the core
 submits, from the request's :func:`source_of`.
 
 Contract of :func:`storable_end`: the end of the same range
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connector.stores import StoreSource
+from connector.shell.stores import StoreSource
 
 Tracker = Any  # lmcache's LMCacheMPRequestTracker (untyped here, as LMCache is)
 
@@ -61,7 +61,7 @@ def storable_end(tracker: Tracker, chunk_tokens: int, group_tokens_per_block: li
 
 
 def source_of(tracker: Tracker) -> StoreSource:
-    """What the request's STOREs take (``connector.stores``): vLLM's own token
+    """What the request's STOREs take (``connector.shell.stores``): vLLM's own token
     list and its length now, or for a multimodal prompt LMCache's key ids."""
     tokens = tracker.get_token_ids() if tracker.mm_adjusted_prompt_ids else \
         tracker.all_token_ids

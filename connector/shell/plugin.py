@@ -20,7 +20,7 @@ What the keys alone cannot tell, whether vLLM's prefix caching is on (lazy
 offload needs it), is in the config being built, which that resolution is
 not handed. So :func:`register` also wraps ``VllmConfig.__post_init__``
 (:func:`check_finished_config`): once a config that names this connector is
-complete, the connector's :func:`~connector.lmcache_connector.check_vllm_config`
+complete, the connector's :func:`~connector.shell.lmcache_connector.check_vllm_config`
 checks it whole, still in the front end, before any engine starts.
 """
 
@@ -37,7 +37,7 @@ def register() -> None:
 
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(
-            CONNECTOR_NAME, "connector.lmcache_connector", CONNECTOR_NAME
+            CONNECTOR_NAME, "connector.shell.lmcache_connector", CONNECTOR_NAME
         )
     check_on_resolution(KVConnectorFactory)
     from vllm.config import VllmConfig
@@ -56,7 +56,7 @@ def check_finished_config(config_cls: Any) -> None:
         post_init(self)
         transfer = getattr(self, "kv_transfer_config", None)
         if getattr(transfer, "kv_connector", None) == CONNECTOR_NAME:
-            from connector.lmcache_connector import check_vllm_config
+            from connector.shell.lmcache_connector import check_vllm_config
 
             check_vllm_config(self)
 
