@@ -43,19 +43,9 @@ import attrs
 
 from logfiles.scan import Entry, LogDamage, read_log
 from offload_fsm.digest import state_digest
+from offload_fsm.log import records as log_records
 from offload_fsm.log import snapshot
-from offload_fsm.log.records import (
-    Digest,
-    End,
-    Gap,
-    Header,
-    Index,
-    Inputs,
-    LogRecord,
-    Rejected,
-    Snapshot,
-    Vanished,
-)
+from offload_fsm.log.records import LogRecord
 from offload_fsm.log.wire import outcome_check, outcome_wire
 from offload_fsm.machine import step
 from offload_fsm.refold import Mismatch, refold
@@ -114,7 +104,7 @@ class Rejection:
 
 @attrs.define(kw_only=True)
 class ReplayResult:
-    header: Header | None = None
+    header: log_records.Header | None = None
     state: State | None = None
     events_applied: int = 0
     records: int = 0
@@ -166,7 +156,7 @@ def spaced_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def config_of(header: Header) -> OffloadConfig:
+def config_of(header: log_records.Header) -> OffloadConfig:
     """The core's config a log was recorded under."""
     return parse_recorded_config(header.config).offload
 
@@ -203,7 +193,7 @@ def _divergence(mismatch: Mismatch) -> Divergence:
                       got=outcome_wire(mismatch.outcome), detail="the recorded outcome differs")
 
 
-def _rebuilt(record: Snapshot, config: OffloadConfig, world_size: int) -> State | str:
+def _rebuilt(record: log_records.Snapshot, config: OffloadConfig, world_size: int) -> State | str:
     """The state ``record`` holds, or why it does not give one with its digest."""
     try:
         state = snapshot.from_wire(record.wire(), config)
@@ -285,19 +275,19 @@ class _Fold:
 
     def after_stop(self, record: LogRecord) -> None:
         """Past the stop, a clean end and the run's own rejection still count."""
-        if type(record) is End:
+        if type(record) is log_records.End:
             self.result.ended_cleanly = True
-        elif type(record) is Vanished:
+        elif type(record) is log_records.Vanished:
             self.on_vanished(record)
-        elif type(record) is Snapshot and self.resumable:
+        elif type(record) is log_records.Snapshot and self.resumable:
             self.restore(record)
-        elif type(record) is Header:
+        elif type(record) is log_records.Header:
             self.schema = record.schema
-        elif type(record) is Rejected and self.result.rejection is None:
+        elif type(record) is log_records.Rejected and self.result.rejection is None:
             self.result.rejection = Rejection(seq=record.seq, event=record.event,
                                               recorded_reason=record.reason, reproduced=None)
 
-    def on_header(self, record: Header) -> None:
+    def on_header(self, record: log_records.Header) -> None:
         result = self.result
         self.schema = record.schema
         if result.header is not None:
@@ -315,7 +305,7 @@ class _Fold:
             return
         self.state = result.state = new_state(self.config, world_size=record.world_size)
 
-    def on_snapshot(self, record: Snapshot) -> None:
+    def on_snapshot(self, record: log_records.Snapshot) -> None:
         """While folding: the live state must have the snapshot's digest."""
         state = self._live(record.seq)
         if state is None:
@@ -334,7 +324,7 @@ class _Fold:
                 self.result.lost.append(rebuilt)
 
 
-    def restore(self, record: Snapshot) -> None:
+    def restore(self, record: log_records.Snapshot) -> None:
         """Start folding again at ``record`` (the state before it is unknown)."""
         result = self.result
         if self.config is None or result.header is None:
@@ -359,7 +349,7 @@ class _Fold:
             self.lose(f"events {self.next_seq}..{seq - 1} are missing")
         return self.state if self.folding else None
 
-    def on_inputs(self, record: Inputs) -> None:
+    def on_inputs(self, record: log_records.Inputs) -> None:
         state = self._live(record.seq)
         if state is None:
             return
@@ -372,7 +362,7 @@ class _Fold:
         if mismatch is not None:
             self.diverge(_divergence(mismatch))
 
-    def on_digest(self, record: Digest | End) -> None:
+    def on_digest(self, record: log_records.Digest | log_records.End) -> None:
         if self.state is None or not record.digest:
             return
         got = state_digest(self.state)
@@ -383,15 +373,15 @@ class _Fold:
                 detail=f"state digest after event {record.seq} differs",
             ))
 
-    def on_end(self, record: End) -> None:
+    def on_end(self, record: log_records.End) -> None:
         self.result.ended_cleanly = True
         self.on_digest(record)
 
-    def on_vanished(self, record: Vanished) -> None:
+    def on_vanished(self, record: log_records.Vanished) -> None:
         self.result.vanished = (f"the engine vanished after event {record.seq - 1}; its "
                                 f"recorder closed the log ({record.reason})")
 
-    def on_gap(self, record: Gap) -> None:
+    def on_gap(self, record: log_records.Gap) -> None:
         if self.schema >= 3:  # a schema 3 GAP counts events, from the first lost one
             last = record.seq + record.lost_count - 1
             self.lose(f"{record.lost_count} event(s) lost by the writer "
@@ -400,7 +390,7 @@ class _Fold:
             self.lose(f"{record.lost_count} record(s) lost by the writer before event "
                       f"{record.seq}")
 
-    def on_rejected(self, record: Rejected) -> None:
+    def on_rejected(self, record: log_records.Rejected) -> None:
         state = self._live(record.seq)
         if state is None:
             self.after_stop(record)
@@ -430,13 +420,13 @@ class _Fold:
 
 
 _ON_RECORD: dict[type[Any], Callable[[_Fold, Any], None]] = {
-    Header: _Fold.on_header,
-    Inputs: _Fold.on_inputs,
-    Digest: _Fold.on_digest,
-    End: _Fold.on_end,
-    Gap: _Fold.on_gap,
-    Rejected: _Fold.on_rejected,
-    Snapshot: _Fold.on_snapshot,
-    Vanished: _Fold.on_vanished,
-    Index: lambda fold, record: None,  # for seeking (replay.seek), nothing to check
+    log_records.Header: _Fold.on_header,
+    log_records.Inputs: _Fold.on_inputs,
+    log_records.Digest: _Fold.on_digest,
+    log_records.End: _Fold.on_end,
+    log_records.Gap: _Fold.on_gap,
+    log_records.Rejected: _Fold.on_rejected,
+    log_records.Snapshot: _Fold.on_snapshot,
+    log_records.Vanished: _Fold.on_vanished,
+    log_records.Index: lambda fold, record: None,  # for seeking (replay.seek), nothing to check
 }

@@ -35,15 +35,8 @@ from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from connector.shell import blocks
 from connector.shell.stores import StoreBuilder
 from offload_fsm.rules.pins import decref
-from offload_fsm.vocabulary.commands import (
-    Command,
-    EndSession,
-    ProtectBlocks,
-    ReadFreeQueue,
-    ReadHashes,
-    ReleaseBlocks,
-    SubmitStore,
-)
+from offload_fsm.vocabulary import commands
+from offload_fsm.vocabulary.commands import Command
 from offload_fsm.vocabulary.decisions import OpRejected, OpsDropped, StoreAbandoned, StoreSettled
 from offload_fsm.vocabulary.events import Event, FreeQueueRead, HashesRead
 from offload_fsm.vocabulary.outcome import Outcome
@@ -65,37 +58,37 @@ class PoolCommands:
 
     def execute(self, command: Command) -> Event | None:
         pool = self.pool
-        if isinstance(command, ProtectBlocks):
+        if isinstance(command, commands.ProtectBlocks):
             blocks.touch(pool, command.block_ids)
             held = self.held
             for block_id in command.block_ids:
                 held[block_id] = held.get(block_id, 0) + 1
-        elif isinstance(command, ReadHashes):
+        elif isinstance(command, commands.ReadHashes):
             hashes = blocks.hashes_of(pool, command.block_ids, self._fingerprint)
             return HashesRead(batch_id=command.batch_id, block_hashes=hashes)
-        elif isinstance(command, ReadFreeQueue):
+        elif isinstance(command, commands.ReadFreeQueue):
             depth = min(command.depth_blocks, blocks.free_count(pool))
             return FreeQueueRead(window_block_ids=blocks.free_queue_head(pool, depth))
-        elif isinstance(command, SubmitStore):
+        elif isinstance(command, commands.SubmitStore):
             self._actions.stores_to_submit.append(self.stores.build(command))
             self.submitted[command.req_id] = (command.batch_id, command.block_ids)
-        elif isinstance(command, ReleaseBlocks):
+        elif isinstance(command, commands.ReleaseBlocks):
             blocks.release(pool, command.block_ids)
             self._unhold(command.block_ids)
-        elif isinstance(command, EndSession):
+        elif isinstance(command, commands.EndSession):
             self._actions.sessions_to_end.append(command.req_id)
             self.stores.forget(command.req_id)
         return None
 
-    def execute_drained(self, commands: list[Command]) -> None:
+    def execute_drained(self, drained: list[Command]) -> None:
         """Drain-only mode's commands (releases, session ends); a pool call
         that fails is logged and the rest go on."""
-        for command in commands:
+        for command in drained:
             try:
-                if isinstance(command, ReleaseBlocks):
+                if isinstance(command, commands.ReleaseBlocks):
                     blocks.release(self.pool, command.block_ids)
                     self._unhold(command.block_ids)
-                elif isinstance(command, EndSession):
+                elif isinstance(command, commands.EndSession):
                     self._actions.sessions_to_end.append(command.req_id)
             except Exception as failure:  # a pool that fails here cannot be helped
                 self._error("lazy offload: drain-only command failed",

@@ -15,14 +15,7 @@ from offload_fsm.policies.ea_planner import OVERDUE_RANK, SHIELDED_RANK
 from offload_fsm.queries import window_depth
 from offload_fsm.state import holders
 from offload_fsm.testing.synthetic import default_config, run_workload
-from offload_fsm.vocabulary.commands import (
-    EndSession,
-    ProtectBlocks,
-    ReadFreeQueue,
-    ReadHashes,
-    ReleaseBlocks,
-    SubmitStore,
-)
+from offload_fsm.vocabulary import commands
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.decisions import (
     DropCause,
@@ -176,7 +169,7 @@ def test_request_is_due_when_any_block_is_in_the_window_ranked_from_the_head() -
     step = h.tick(allocated=4)  # D = 10
     assert selections(step) == [("b", 0, 64, SelectReason.WINDOW, 1),
                                 ("a", 0, 64, SelectReason.WINDOW, 5)]
-    assert [c.req_id for c in step.of(SubmitStore)] == ["b", "a"]
+    assert [c.req_id for c in step.of(commands.SubmitStore)] == ["b", "a"]
     assert "far" in h.state.pending
 
 
@@ -187,7 +180,7 @@ def test_due_front_segment_runs_through_the_last_due_op() -> None:
     step = h.tick(allocated=4)
     selected = step.one(OpsSelected)
     assert (selected.start_token, selected.end_token, selected.ops) == (0, 192, 3)
-    assert step.one(SubmitStore).block_ids == tuple(blocks[:6])
+    assert step.one(commands.SubmitStore).block_ids == tuple(blocks[:6])
     assert [(op.start_token, op.end_token) for op in h.state.requests["a"].ops] == [(192, 256)]
 
 
@@ -196,7 +189,8 @@ def test_earlier_safe_ops_go_with_a_due_later_op() -> None:
     blocks = finished(h, "a", ops=2)
     place(h, 0, blocks[3])  # only the second op is at risk
     step = h.tick(allocated=4)
-    assert (step.one(SubmitStore).start_token, step.one(SubmitStore).end_token) == (0, 128)
+    submit = step.one(commands.SubmitStore)
+    assert (submit.start_token, submit.end_token) == (0, 128)
 
 
 def test_most_imminent_first_regardless_of_admission_order() -> None:
@@ -293,7 +287,7 @@ def test_reallocated_block_drops_that_op_and_every_later_op() -> None:
     # The surviving prefix stays storable.
     h.finish("a", free=len(h.visible()))
     place(h, 0, *h.blocks_of["a"][0])
-    assert h.tick(allocated=4).one(SubmitStore).end_token == 64
+    assert h.tick(allocated=4).one(commands.SubmitStore).end_token == 64
 
 
 def test_reallocation_to_an_unwatched_block_or_same_hash_changes_nothing() -> None:
@@ -324,7 +318,7 @@ def test_loss_is_seen_while_a_batch_is_in_flight() -> None:
     step = h.tick(allocated=4, reallocated=[(blocks[2], None)])
     assert step.one(OpsDropped).ops == 2
     settle = h.complete("a")
-    assert settle.one(EndSession).req_id == "a"
+    assert settle.one(commands.EndSession).req_id == "a"
 
 
 def test_unhashed_candidate_is_rejected_and_breaks_the_chain() -> None:
@@ -363,8 +357,8 @@ def test_overdue_request_emits_its_whole_buffer_even_at_depth_zero() -> None:
     step = h.tick(allocated=0, dt_s=1.0)  # t=5: 0 + 5 <= 5
     assert h.state.depth_blocks == 0
     assert selections(step) == [("a", 0, 192, SelectReason.OVERDUE, OVERDUE_RANK)]
-    assert step.one(SubmitStore).block_ids == tuple(blocks)
-    assert step.of(ReadFreeQueue) == []  # nothing to cascade at depth 0
+    assert step.one(commands.SubmitStore).block_ids == tuple(blocks)
+    assert step.of(commands.ReadFreeQueue) == []  # nothing to cascade at depth 0
     assert h.state.counters["selected_overdue_ops"] == 3
 
 
@@ -442,15 +436,15 @@ def test_pin_cascade_rereads_the_window_and_selects_newly_visible_blocks(
     assert h.state.depth_blocks == 4
     assert selections(step) == [("a", 0, 64, SelectReason.WINDOW, 0),
                                 ("b", 0, 64, SelectReason.CASCADE, 2)]
-    reads = step.of(ReadFreeQueue)
+    reads = step.of(commands.ReadFreeQueue)
     assert [r.depth_blocks for r in reads] == depths
     answers = step.of(FreeQueueRead)
     assert answers[0].window_block_ids[:4] == (FILLER[0], FILLER[1], *b)
-    assert [c.req_id for c in step.of(SubmitStore)] == ["a", "b"]
+    assert [c.req_id for c in step.of(commands.SubmitStore)] == ["a", "b"]
     assert h.state.counters["selected_cascade_ops"] == 1
     # The read comes after the protections it accounts for.
-    commands = step.commands
-    assert commands.index(reads[0]) > commands.index(step.of(ProtectBlocks)[0])
+    issued = step.commands
+    assert issued.index(reads[0]) > issued.index(step.of(commands.ProtectBlocks)[0])
 
 
 def test_cascade_rounds_go_on_from_one_read_and_read_again_when_it_runs_short() -> None:
@@ -465,7 +459,7 @@ def test_cascade_rounds_go_on_from_one_read_and_read_again_when_it_runs_short() 
     assert [(req, reason) for req, _, _, reason, _ in selections(step)] == [
         ("a", SelectReason.WINDOW), ("b", SelectReason.CASCADE),
         ("c", SelectReason.CASCADE), ("d", SelectReason.CASCADE)]
-    assert [r.depth_blocks for r in step.of(ReadFreeQueue)] == [9, 9]
+    assert [r.depth_blocks for r in step.of(commands.ReadFreeQueue)] == [9, 9]
     first, second = step.of(FreeQueueRead)
     assert first.window_block_ids == (FILLER[0], FILLER[1], *b, *c, *d, FILLER[2])
     assert second.window_block_ids[:4] == (*FILLER[:2], *FILLER[2:4])
@@ -534,7 +528,7 @@ def test_no_cascade_when_no_window_block_was_pinned() -> None:
     finished(h, "a", time_s=0.0)  # overdue, blocks not in the free-queue window
     step = h.tick(allocated=4, dt_s=5.0)
     assert step.one(OpsSelected).reason is SelectReason.OVERDUE
-    assert step.of(ReadFreeQueue) == []
+    assert step.of(commands.ReadFreeQueue) == []
 
 
 def test_cascade_stops_when_the_cap_is_spent() -> None:
@@ -545,7 +539,7 @@ def test_cascade_stops_when_the_cap_is_spent() -> None:
     place(h, 4, *b)
     step = h.tick(allocated=2)
     assert [d.req_id for d in step.of(OpsSelected)] == ["a"]
-    assert step.of(ReadFreeQueue) == []
+    assert step.of(commands.ReadFreeQueue) == []
 
 
 # -- the pin budget -------------------------------------------------------------
@@ -559,7 +553,7 @@ def test_pin_budget_holds_when_free_blocks_cannot_cover_the_queued_blocks() -> N
     step = h.tick(allocated=4, requests=1)  # headroom 3 - 2 * 1 * (1 + 1) < 2 blocks
     held = step.one(OpsHeld)
     assert (held.req_id, held.ops, held.reason) == ("a", 1, HoldReason.PIN_BUDGET)
-    assert step.of(OpsSelected) == [] and step.of(ProtectBlocks) == []
+    assert step.of(OpsSelected) == [] and step.of(commands.ProtectBlocks) == []
     assert h.state.counters["held_pin_budget"] == 1
     step = h.tick(allocated=4, requests=0)  # headroom 3
     assert step.one(OpsSelected).req_id == "a"
@@ -596,7 +590,7 @@ def test_pin_budget_charges_a_block_two_selections_share_once() -> None:
     step = h.tick(allocated=2, requests=0)  # headroom 3: pinning both takes 3 blocks
     assert [d.req_id for d in step.of(OpsSelected)] == ["a", "b"]
     assert step.of(OpsHeld) == []
-    assert [c.req_id for c in step.of(SubmitStore)] == ["a", "b"]
+    assert [c.req_id for c in step.of(commands.SubmitStore)] == ["a", "b"]
 
 
 def test_pin_budget_does_not_charge_a_block_already_protected() -> None:
@@ -631,7 +625,7 @@ def test_shield_at_finish_when_freed_blocks_land_inside_the_window() -> None:
     shielded = result.one(OpsShielded)
     assert (shielded.req_id, shielded.ops, shielded.blocks, shielded.free_blocks,
             shielded.reach_blocks) == ("a", 2, 4, 5, 10)
-    protect = result.one(ProtectBlocks)
+    protect = result.one(commands.ProtectBlocks)
     assert protect.block_ids == blocks
     assert h.state.counters["shielded_ops"] == 2
     assert list(h.state.shielded) == ["a"]
@@ -651,7 +645,7 @@ def test_shield_below_the_reserve_takes_only_the_front_that_leaves_it() -> None:
     result = h.finish("a", free=1)  # 1 + 4 freed - reserve 2: 3 blocks may be protected
     shielded = result.one(OpsShielded)
     assert (shielded.ops, shielded.blocks) == (1, 2)
-    assert result.one(ProtectBlocks).block_ids == blocks[:2]
+    assert result.one(commands.ProtectBlocks).block_ids == blocks[:2]
 
 
 def test_no_shield_at_depth_zero() -> None:
@@ -673,14 +667,14 @@ def test_shielded_request_is_selected_first_and_not_protected_twice() -> None:
     assert [(d.req_id, d.reason, d.rank, d.ops) for d in step.of(OpsSelected)] == [
         ("a", SelectReason.SHIELDED, SHIELDED_RANK, 2)]
     assert [(d.req_id, d.reason) for d in step.of(OpsHeld)] == [("b", HoldReason.DRAIN_CAP)]
-    assert step.of(ProtectBlocks) == []
-    assert step.one(ReadHashes).block_ids == blocks
-    assert step.one(SubmitStore).block_ids == blocks
+    assert step.of(commands.ProtectBlocks) == []
+    assert step.one(commands.ReadHashes).block_ids == blocks
+    assert step.one(commands.SubmitStore).block_ids == blocks
     assert h.state.counters["selected_shielded_ops"] == 2
     assert h.state.counters["protected_blocks"] == 4
     settle = h.complete("a")
-    assert settle.one(ReleaseBlocks).block_ids == blocks
-    assert settle.one(EndSession).req_id == "a"
+    assert settle.one(commands.ReleaseBlocks).block_ids == blocks
+    assert settle.one(commands.EndSession).req_id == "a"
     assert h.state.shielded == {} and h.pins == {}
 
 
@@ -691,7 +685,7 @@ def test_shielded_request_is_selected_under_a_zero_pin_budget() -> None:
     h.queue = []
     step = h.tick(allocated=4, requests=0)
     assert step.one(OpsSelected).reason is SelectReason.SHIELDED
-    assert step.one(SubmitStore).block_ids == blocks
+    assert step.one(commands.SubmitStore).block_ids == blocks
 
 
 # -- incremental validation -----------------------------------------------------
@@ -722,10 +716,10 @@ def test_unreported_hash_change_stays_buffered_until_due_then_drops_as_stale() -
     place(h, 0, blocks[0])
     step = h.tick(allocated=4)
     assert step.one(OpsSelected).ops == 1
-    assert step.of(SubmitStore) == []
+    assert step.of(commands.SubmitStore) == []
     dropped = [(d.cause, d.start_token, d.end_token, d.block_id) for d in step.of(OpsDropped)]
     # The selected op is stale; the held-back op behind it loses its prefix.
     assert dropped == [(DropCause.STALE, 0, 64, blocks[0]), (DropCause.STALE, 64, 128, -1)]
-    assert step.one(EndSession).req_id == "a"
+    assert step.one(commands.EndSession).req_id == "a"
     assert h.state.counters["blocks_checked"] == 2
     assert ledger_terms(h.state)["dropped_stale"] == 2
