@@ -1,10 +1,10 @@
 """The soak's engine: vLLM's OpenAI API server as a process, and what it shows.
 
 Contract. :func:`api_server` starts ``python -m vllm.entrypoints.openai.api_server``
-with the tiny model (``--block-size`` :data:`BLOCK_TOKENS`, ``--max-model-len``
-:data:`MAX_MODEL_LEN`, a pool of ``blocks`` GPU blocks) and, where one is given, a
-KV-transfer config; it yields (port, pid) once ``/health`` answers and always stops the
-server (SIGTERM, then SIGKILL after 90 s). Everything else here reads that
+through ``testkit.api_server`` with the tiny model (``--max-model-len``
+:data:`MAX_MODEL_LEN`, a pool of ``blocks`` GPU blocks of 32 tokens) and, where one is
+given, a KV-transfer config; it yields (port, pid) once ``/health`` answers and always
+stops the server (SIGTERM, then SIGKILL after 90 s). Everything else here reads that
 server from outside and never changes it: its processes and their RSS, the log
 directory's size, ``/metrics`` (:func:`scrape`, summed by engine or label, the ledger,
 the fault counters, the state at the end), and the server log's WARNING and ERROR
@@ -21,15 +21,10 @@ buffered, verifying or in flight, per engine.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.trees import REPO
-from testkit.lmcache_server import free_port
+from testkit.api_server import api_server_process, get
 
 P = "vllm:lazy_offload_"
-BLOCK_TOKENS = 32
 MAX_MODEL_LEN = 4096
 SAMPLE_EVERY_S = 10.0
 READY_TIMEOUT_S = 300.0
@@ -52,54 +46,15 @@ MIB = 1024 * 1024
 def api_server(model_dir: Path, kv_transfer_config: dict[str, Any] | None, log_path: Path,
                blocks: int, extra_env: dict[str, str],
                shutdown_timeout: int = 0) -> Iterator[tuple[int, int]]:
-    """The OpenAI server, ready; yields (port, pid). As ``testkit.api_server``'s,
-    but with no connector possible, its pid known and no pytest."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--block-size", str(BLOCK_TOKENS),
-        "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching", "--enforce-eager",
-        "--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details",
-        "--shutdown-timeout", str(shutdown_timeout),
-    ]
-    if kv_transfer_config is not None:
-        command += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=REPO)
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError(f"api server exited early:\n{_tail(log_path)}")
-                try:
-                    if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"api server not ready:\n{_tail(log_path)}")
-                time.sleep(1.0)
-            yield port, server.pid
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    return path.read_text(errors="replace")[-n:]
-
-
-def _get(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return int(response.status), response.read().decode()
+    """The OpenAI server, ready, with the soak's context length, pool and shutdown
+    timeout, prompt-token details on (the cached share); yields (port, pid)."""
+    with api_server_process(
+            model_dir, kv_transfer_config, log_path, blocks=blocks,
+            max_model_len=MAX_MODEL_LEN, extra_env=extra_env,
+            extra_args=("--enable-prompt-tokens-details",
+                        "--shutdown-timeout", str(shutdown_timeout)),
+            ready_timeout_s=READY_TIMEOUT_S, stop_timeout_s=90.0, cwd=REPO) as server:
+        yield server
 
 
 def processes(api_pid: int) -> dict[str, Any]:
@@ -160,7 +115,7 @@ def scrape(port: int) -> Samples:
     the ``engine`` label is kept."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    _, text = get(f"http://127.0.0.1:{port}/metrics", timeout_s=10.0)
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
