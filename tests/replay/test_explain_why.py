@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.offload_fsm.helpers import Harness, ea, shielded_then_cleared
 from tests.replay.conftest import record_harness, run_cli
 
@@ -26,28 +28,34 @@ def _shielded_then_lifted(directory: Path, *, record_reset: bool) -> Path:
     return record_harness(h, directory)
 
 
-def test_a_stale_drop_names_the_cleared_hash_and_the_lifted_shield(tmp_path: Path) -> None:
-    log = _shielded_then_lifted(tmp_path, record_reset=False)
-    code, out, err = run_cli("explain", str(log), "--request", "a")
-    assert code == 0, err
-    assert "shield LIFTED: 4 blocks of 1 ops unpinned" in out
-    assert "DROPPED [0, 64) (1 ops, 64 tokens): stale" in out
-    assert "when buffered, none (cleared) when re-read for verification" in out
-    assert "its hash was cleared, and the log holds no reset" in out
-    assert ("pins: protected at seq 3 (step 1): shielded at finish; released at seq 4 "
-            "(step 1): the shield lifted on an empty step") in out
-    assert "what you can do: if a reset caused it" in out
+CLEARED_BLOCK_STORIES = {
+    "unrecorded_reset_is_a_stale_drop_behind_a_lifted_shield": (False, [
+        "shield LIFTED: 4 blocks of 1 ops unpinned",
+        "DROPPED [0, 64) (1 ops, 64 tokens): stale",
+        "when buffered, none (cleared) when re-read for verification",
+        "its hash was cleared, and the log holds no reset",
+        "pins: protected at seq 3 (step 1): shielded at finish; released at seq 4 "
+        "(step 1): the shield lifted on an empty step",
+        "what you can do: if a reset caused it",
+    ]),
+    "recorded_reset_is_the_cause": (True, [
+        "the prefix cache was RESET",
+        "DROPPED [0, 64) (1 ops, 64 tokens): cache_reset",
+        "vLLM reset its prefix cache at seq 5",
+        "released at seq 4 (step 1): the shield lifted on an empty step",
+        "what you can do: expected after reset_prefix_cache()",
+    ]),
+}
 
 
-def test_a_recorded_reset_is_the_cause(tmp_path: Path) -> None:
-    log = _shielded_then_lifted(tmp_path, record_reset=True)
+@pytest.mark.parametrize("case", sorted(CLEARED_BLOCK_STORIES))
+def test_a_cleared_block_names_its_cause(tmp_path: Path, case: str) -> None:
+    record_reset, expected = CLEARED_BLOCK_STORIES[case]
+    log = _shielded_then_lifted(tmp_path, record_reset=record_reset)
     code, out, err = run_cli("explain", str(log), "--request", "a")
     assert code == 0, err
-    assert "the prefix cache was RESET" in out
-    assert "DROPPED [0, 64) (1 ops, 64 tokens): cache_reset" in out
-    assert "vLLM reset its prefix cache at seq 5" in out
-    assert "released at seq 4 (step 1): the shield lifted on an empty step" in out
-    assert "what you can do: expected after reset_prefix_cache()" in out
+    for line in expected:
+        assert line in out, (line, out)
 
 
 def test_a_duplicate_names_the_request_and_batch_that_stored_the_content() -> None:
