@@ -1,9 +1,13 @@
-"""vLLM's OpenAI-compatible server as a subprocess on loopback, for tests.
+"""vLLM's OpenAI-compatible server as a subprocess on loopback, for tests and benches.
 
-:func:`running_api_server` starts ``python -m vllm.entrypoints.openai.api_server``
-with the tiny model and a KV-transfer config, logs to ``log_path``, waits for
-``/health``, yields the port, and always stops the server (SIGTERM, then SIGKILL
-after 60 s). :func:`get` and :func:`post_json` are the plain HTTP helpers.
+:func:`api_server_process` starts ``python -m vllm.entrypoints.openai.api_server``
+with the tiny model (32-token blocks, prefix caching, eager) and, where one is given,
+a KV-transfer config; it logs to ``log_path``, waits for ``/health``, yields (port,
+pid), and always stops the server (SIGTERM, then SIGKILL after ``stop_timeout_s``).
+A server that exits or never becomes healthy raises :class:`ApiServerFailed` with the
+log's tail. :func:`running_api_server` is the same for a test: it yields the port and
+fails the test instead of raising. :func:`get` and :func:`post_json` are the plain
+HTTP helpers.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,49 +41,80 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> Any:
         return json.loads(response.read())
 
 
-@contextmanager
-def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
-                       log_path: Path, extra_args: tuple[str, ...] = (),
-                       extra_env: dict[str, str] | None = None) -> Iterator[int]:
-    """The server, ready; yields its port. Fails the test if it exits or never
-    becomes healthy (with the log's tail). ``extra_args`` go on its command
-    line (``--data-parallel-size 2``, say), ``extra_env`` into its environment."""
-    import pytest
+class ApiServerFailed(RuntimeError):
+    """The server exited before it was healthy, or was not healthy in time; the
+    message ends with the tail of its log."""
 
+
+@contextmanager
+def api_server_process(model_dir: Path, kv_transfer_config: dict[str, Any] | None,
+                       log_path: Path, *, blocks: int = 128, max_model_len: int = 2048,
+                       extra_args: tuple[str, ...] = (),
+                       extra_env: dict[str, str] | None = None,
+                       ready_timeout_s: float = READY_TIMEOUT_S, stop_timeout_s: float = 60.0,
+                       cwd: Path | None = None) -> Iterator[tuple[int, int]]:
+    """The server, ready; yields (port, pid). ``kv_transfer_config`` None: no KV
+    connector. ``extra_args`` go on its command line (``--data-parallel-size 2``,
+    say), ``extra_env`` into its environment."""
     port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
-        "--enable-prefix-caching", "--enforce-eager", "--num-gpu-blocks-override", "128",
-        "--kv-transfer-config", json.dumps(kv_transfer_config), *extra_args,
+        "--dtype", "float32", "--block-size", "32", "--max-model-len", str(max_model_len),
+        "--enable-prefix-caching", "--enforce-eager", "--num-gpu-blocks-override", str(blocks),
+        *extra_args,
     ]
+    if kv_transfer_config is not None:
+        command += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
     with log_path.open("wb") as log:
         # Unbuffered: vLLM logs to stdout, and a server that has to be killed at the
-        # end would otherwise lose the buffered lines the test reads.
+        # end would otherwise lose the buffered lines the caller reads.
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         # An in-process LLM() of an earlier test leaves its own (since deleted)
         # Prometheus multiprocess directory in os.environ; the server makes its own.
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=cwd)
         try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
+            deadline = time.monotonic() + ready_timeout_s
             while True:
                 if server.poll() is not None:
-                    pytest.fail(f"api server exited early:\n{log_path.read_text()[-4000:]}")
+                    raise ApiServerFailed(f"api server exited early:\n{_tail(log_path)}")
                 try:
                     if get(f"http://127.0.0.1:{port}/health")[0] == 200:
                         break
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    pytest.fail(f"api server not ready:\n{log_path.read_text()[-4000:]}")
+                    raise ApiServerFailed(f"api server not ready:\n{_tail(log_path)}")
                 time.sleep(1.0)
-            yield port
+            yield port, server.pid
         finally:
             server.terminate()
             try:
-                server.wait(timeout=60)
+                server.wait(timeout=stop_timeout_s)
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+@contextmanager
+def running_api_server(model_dir: Path, kv_transfer_config: dict[str, Any],
+                       log_path: Path, extra_args: tuple[str, ...] = (),
+                       extra_env: dict[str, str] | None = None) -> Iterator[int]:
+    """:func:`api_server_process` for a test: yields the port; fails the test (with
+    the log's tail) where the server exits or never becomes healthy."""
+    import pytest
+
+    with ExitStack() as stack:
+        try:
+            port, _ = stack.enter_context(api_server_process(
+                model_dir, kv_transfer_config, log_path, extra_args=extra_args,
+                extra_env=extra_env))
+        except ApiServerFailed as error:
+            pytest.fail(str(error))
+        yield port
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    return path.read_text(errors="replace")[-n:]

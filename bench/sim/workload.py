@@ -160,40 +160,34 @@ def generate(p: WorkloadParams) -> list[Session]:
     sessions: list[Session] = []
     sid = 0
 
-    def context_ok(used: int, add: int, dec: int) -> bool:
-        return used + add + dec < p.max_context_tokens
-
-    for _ in range(p.n_chat):
-        s = Session(sid, "chat", rng.randrange(p.arrival_window_steps))
-        sid += 1
-        system = rng.choice(chat_sys)
+    def conversation(kind: str, systems: list[list[int]], turns: tuple[int, int],
+                     later_tokens: tuple[int, int], decode_median: int,
+                     pause_steps: tuple[int, int]) -> Session:
+        """One session of ``kind``: a shared system prompt, then turns of new tokens
+        (the first turn's drawn from ``chat_user_tokens``, the later ones' from
+        ``later_tokens``), up to the first turn that would not fit the context."""
+        s = Session(sid, kind, rng.randrange(p.arrival_window_steps))
+        system = rng.choice(systems)
         used = len(system)
-        for k in range(rng.randint(*p.chat_turns)):
-            new = (system if k == 0 else []) + _toks(rng, rng.randint(*p.chat_user_tokens))
-            dec = _lognormal_int(rng, p.chat_decode_median)
-            if not context_ok(used, len(new) - (len(system) if k == 0 else 0), dec):
-                break
-            used += len(new) - (len(system) if k == 0 else 0) + dec
-            pause = 0 if k == 0 else rng.randint(*p.chat_pause_steps)
-            s.turns.append(Turn(new, dec, _toks(rng, dec), pause))
-        sessions.append(s)
-
-    for _ in range(p.n_agent):
-        s = Session(sid, "agent", rng.randrange(p.arrival_window_steps))
-        sid += 1
-        system = rng.choice(agent_sys)
-        used = len(system)
-        for k in range(rng.randint(*p.agent_turns)):
-            span = p.chat_user_tokens if k == 0 else p.agent_tool_tokens
-            n_new = rng.randint(*span)
+        for k in range(rng.randint(*turns)):
+            n_new = rng.randint(*(p.chat_user_tokens if k == 0 else later_tokens))
             new = (system if k == 0 else []) + _toks(rng, n_new)
-            dec = _lognormal_int(rng, p.agent_decode_median)
-            if not context_ok(used, n_new, dec):
+            dec = _lognormal_int(rng, decode_median)
+            if used + n_new + dec >= p.max_context_tokens:
                 break
             used += n_new + dec
-            pause = 0 if k == 0 else rng.randint(*p.agent_pause_steps)
+            pause = 0 if k == 0 else rng.randint(*pause_steps)
             s.turns.append(Turn(new, dec, _toks(rng, dec), pause))
-        sessions.append(s)
+        return s
+
+    for _ in range(p.n_chat):
+        sessions.append(conversation("chat", chat_sys, p.chat_turns, p.chat_user_tokens,
+                                     p.chat_decode_median, p.chat_pause_steps))
+        sid += 1
+    for _ in range(p.n_agent):
+        sessions.append(conversation("agent", agent_sys, p.agent_turns, p.agent_tool_tokens,
+                                     p.agent_decode_median, p.agent_pause_steps))
+        sid += 1
 
     n_bursts = max(1, math.ceil(p.n_burst / p.burst_size))
     burst_starts = sorted(rng.randrange(p.arrival_window_steps) for _ in range(n_bursts))

@@ -47,19 +47,10 @@ def test_a_stale_warning_carries_the_run_and_the_request(
     """What ``replay explain`` needs is on the line: the run (the start-up
     line names its directory) and the request id."""
     from connector.shell.logs import LOGGER_NAME, get_logger
-    from tests.offload_fsm.helpers import Harness, ea
+    from tests.offload_fsm.helpers import Harness, ea, shielded_then_cleared
 
     h = Harness(ea())
-    h.arrive("16-863188ed")
-    blocks = h.new_blocks(4)
-    h.offer("16-863188ed", blocks=blocks)
-    h.queue = list(range(100, 140))
-    h.tick(allocated=8, next_blocks=8)
-    h.queue = [*blocks, *range(100, 140)]
-    h.finish("16-863188ed", free=2)
-    h.empty_step()
-    for block_id in blocks:
-        h.hashes[block_id] = None  # a reset the core was not told of
+    shielded_then_cleared(h, "16-863188ed")
     narrator = Narrator(get_logger(), clock=lambda: 0.0, run="20261206T101500123Z-4242")
     with caplog.at_level("INFO", logger=LOGGER_NAME):
         for _, outcome in h.tick(allocated=4, next_blocks=4).applied:

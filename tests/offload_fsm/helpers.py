@@ -161,6 +161,10 @@ class Harness:
     def offer_ops(self, req_id: str, count: int, **kwargs: Any) -> list[Result]:
         return [self.offer(req_id, **kwargs) for _ in range(count)]
 
+    def blocks_in(self, req_id: str) -> tuple[int, ...]:
+        """Every block the request's offered ops hold, in offer order."""
+        return tuple(b for op in self.blocks_of[req_id] for b in op)
+
     def restart(self, req_id: str) -> None:
         """The request restarts from token 0 (preemption / id reuse)."""
         self._next_start.pop(req_id, None)
@@ -246,6 +250,25 @@ class Harness:
 
 def _merge(results: list[Result]) -> Result:
     return Result([pair for r in results for pair in r.applied])
+
+
+def shielded_then_cleared(h: Harness, req_id: str) -> tuple[int, ...]:
+    """``req_id`` (one op of 4 blocks) finishes into a full free queue (shielded), the
+    engine idles (the shield lifts), then its blocks' hashes are cleared as by a
+    prefix-cache reset the core was not told of; returns its blocks. The next step
+    whose window reaches them drops the op as stale (or for the reset, once the
+    harness reports one)."""
+    h.arrive(req_id)
+    blocks = h.new_blocks(4)
+    h.offer(req_id, blocks=blocks)
+    h.queue = list(range(100, 140))
+    h.tick(allocated=8, next_blocks=8)
+    h.queue = [*blocks, *range(100, 140)]
+    h.finish(req_id, free=2)
+    h.empty_step()
+    for block_id in blocks:
+        h.hashes[block_id] = None
+    return blocks
 
 
 # --------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def finished(h: Harness, req_id: str, ops: int = 1, **offer: object) -> list[int
     h.arrive(req_id)
     h.offer_ops(req_id, ops, **offer)
     h.finish(req_id, free=len(h.visible()))
-    return [b for op in h.blocks_of[req_id] for b in op]
+    return list(h.blocks_in(req_id))
 
 
 def place(h: Harness, rank: int, *blocks: int) -> None:
@@ -615,7 +615,7 @@ def shield_setup(h: Harness) -> tuple[int, ...]:
     h.tick(allocated=4, requests=2)  # D = 10, reserve 2
     h.arrive("a")
     h.offer_ops("a", 2)
-    return tuple(b for op in h.blocks_of["a"] for b in op)
+    return h.blocks_in("a")
 
 
 def test_shield_at_finish_when_freed_blocks_land_inside_the_window() -> None:

@@ -178,10 +178,8 @@ def test_request_with_a_batch_in_flight_is_not_counted() -> None:
 
 def test_selected_request_is_drained_whole_into_one_store() -> None:
     h = Harness(fifo(threshold=1, select_count=10))
-    h.arrive("a")
-    h.offer_ops("a", 3)
-    h.finish("a")
-    blocks = tuple(b for op in h.blocks_of["a"] for b in op)
+    finished_requests(h, ["a"], ops=3)
+    blocks = h.blocks_in("a")
     step = h.tick()
     selected = step.one(OpsSelected)
     assert (selected.start_token, selected.end_token, selected.ops) == (0, 192, 3)
@@ -208,10 +206,8 @@ def test_one_store_per_request_in_one_step() -> None:
 
 def test_first_op_mismatch_drops_the_whole_request() -> None:
     h = Harness(fifo(threshold=1, select_count=10))
-    h.arrive("a")
-    h.offer_ops("a", 3)
-    h.finish("a")
-    blocks = tuple(b for op in h.blocks_of["a"] for b in op)
+    finished_requests(h, ["a"], ops=3)
+    blocks = h.blocks_in("a")
     bad = h.blocks_of["a"][0][1]
     h.hashes[bad] = 999_999  # reallocated before the drain
     step = h.tick()
@@ -228,9 +224,7 @@ def test_first_op_mismatch_drops_the_whole_request() -> None:
 
 def test_unhashed_block_at_verification_counts_as_mismatch() -> None:
     h = Harness(fifo(threshold=1, select_count=10))
-    h.arrive("a")
-    h.offer_ops("a", 2)
-    h.finish("a")
+    finished_requests(h, ["a"], ops=2)
     h.hashes[h.blocks_of["a"][0][0]] = None  # evicted, hash reset
     step = h.tick()
     assert step.of(SubmitStore) == []
@@ -239,9 +233,7 @@ def test_unhashed_block_at_verification_counts_as_mismatch() -> None:
 
 def test_mid_request_mismatch_submits_the_valid_prefix() -> None:
     h = Harness(fifo(threshold=1, select_count=10))
-    h.arrive("a")
-    h.offer_ops("a", 3)
-    h.finish("a")
+    finished_requests(h, ["a"], ops=3)
     first, second, third = h.blocks_of["a"]
     h.hashes[second[0]] = 999_999
     step = h.tick()

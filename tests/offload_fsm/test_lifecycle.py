@@ -507,6 +507,15 @@ def _after_a_selection(h: Harness) -> None:
     assert h.tick(allocated=4).of(OpsSelected)  # selected_in_step > 0 now
 
 
+def _scheduled(time_s: float, **fields: Any) -> StepScheduled:
+    """A step of 16 tokens at ``time_s`` that allocates nothing, with 100 blocks free
+    and one in reserve; ``fields`` replace any of that."""
+    return StepScheduled(**{
+        "scheduled_tokens": 16, "allocated_blocks": 0, "next_step_blocks": 0,
+        "reserve_blocks": 1, "free_blocks": 100, "window_block_ids": (), "reallocated": (),
+        "time_s": time_s, **fields})
+
+
 INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
     "candidate_for_unknown_request": (
         lambda h: CandidateOffered(req_id="ghost", start_token=0, end_token=64,
@@ -542,29 +551,20 @@ INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
         "FreeQueueRead arrived in phase open: no answer was asked for",
     ),
     "window_of_wrong_length": (
-        lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=4, next_step_blocks=0,
-                                reserve_blocks=1, free_blocks=100,
-                                window_block_ids=FILLER[:3], reallocated=(),
-                                time_s=h.time_s + 1),
+        lambda h: _scheduled(h.time_s + 1, allocated_blocks=4, window_block_ids=FILLER[:3]),
         "window has 3 blocks, expected 10",
     ),
     "empty_step_with_a_window": (
-        lambda h: StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
-                                reserve_blocks=0, free_blocks=100,
-                                window_block_ids=FILLER[:1], reallocated=(),
-                                time_s=h.time_s + 1),
+        lambda h: _scheduled(h.time_s + 1, scheduled_tokens=0, reserve_blocks=0,
+                             window_block_ids=FILLER[:1]),
         "empty step carries a window",
     ),
     "time_going_back": (
-        lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0,
-                                reserve_blocks=1, free_blocks=100, window_block_ids=(),
-                                reallocated=(), time_s=h.time_s - 1),
+        lambda h: _scheduled(h.time_s - 1),
         "time went back",
     ),
     "negative_count": (
-        lambda h: StepScheduled(scheduled_tokens=16, allocated_blocks=-1, next_step_blocks=0,
-                                reserve_blocks=1, free_blocks=100, window_block_ids=(),
-                                reallocated=(), time_s=h.time_s + 1),
+        lambda h: _scheduled(h.time_s + 1, allocated_blocks=-1),
         "negative count",
     ),
     "non_positive_receipt": (
@@ -618,15 +618,18 @@ def test_invalid_event_leaves_the_state_unchanged(case: str) -> None:
     assert _snapshot(h.state) == before
 
 
-def test_observation_while_answers_are_outstanding_is_invalid() -> None:
+def _hashes_asked() -> tuple[Harness, ReadHashes]:
+    """A FIFO machine that selected ``a`` and waits for its hashes: the question."""
     h = fifo_now()
     h.arrive("a")
     h.offer("a")
     h.finish("a")
-    outcome = step(h.state, StepScheduled(
-        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, reserve_blocks=1,
-        free_blocks=0, window_block_ids=(), reallocated=(), time_s=5.0))
-    read = next(c for c in outcome.commands if isinstance(c, ReadHashes))
+    outcome = step(h.state, _scheduled(5.0, free_blocks=0))
+    return h, next(c for c in outcome.commands if isinstance(c, ReadHashes))
+
+
+def test_observation_while_answers_are_outstanding_is_invalid() -> None:
+    h, read = _hashes_asked()
     before = _snapshot(h.state)
     expected = "RequestArrived arrived in phase awaiting_answers: answers are outstanding"
     with pytest.raises(InvalidEvent, match=expected) as raised:
@@ -638,13 +641,6 @@ def test_observation_while_answers_are_outstanding_is_invalid() -> None:
 
 
 def test_wrong_number_of_hashes_in_an_answer_is_invalid() -> None:
-    h = fifo_now()
-    h.arrive("a")
-    h.offer("a")
-    h.finish("a")
-    outcome = step(h.state, StepScheduled(
-        scheduled_tokens=16, allocated_blocks=0, next_step_blocks=0, reserve_blocks=1,
-        free_blocks=0, window_block_ids=(), reallocated=(), time_s=5.0))
-    read = next(c for c in outcome.commands if isinstance(c, ReadHashes))
+    h, read = _hashes_asked()
     with pytest.raises(InvalidEvent, match="1 hashes read, expected 2"):
         step(h.state, HashesRead(batch_id=read.batch_id, block_hashes=(1,)))

@@ -11,6 +11,7 @@ from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_wo
 from offload_fsm.vocabulary.config import OffloadConfig
 from replay.cli import main
 from testkit.pacing import paced
+from tests.offload_fsm.helpers import Harness
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 
@@ -21,6 +22,17 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(list(argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
+
+
+def record_harness(h: Harness, directory: Path) -> Path:
+    """Everything the harness fed its machine, recorded as one closed run (prefix
+    ``run``) in ``directory``; returns the directory."""
+    recorder = EventRecorder(h.state.config, h.state.world_size, str(directory), VERSIONS,
+                             prefix="run", register_atexit=False)
+    recorder.record(h.log, h.state)
+    recorder.close(h.state)
+    return directory
+
 
 def record_workload(
     directory: Path, *, config: OffloadConfig | None = None, world_size: int = 2,
@@ -34,6 +46,15 @@ def record_workload(
     world = run_workload(config=config, world_size=world_size, sink=sink, **workload)
     recorder.close(world.state)
     return directory, world
+
+
+def record_rotated(directory: Path, *, requests: int) -> Path:
+    """A run of ``requests`` requests rotated over 4 KiB files (three or more of them),
+    for what reads a run file by file (``verify --workers``)."""
+    record_workload(directory, requests=requests, seed=4, pool_blocks=64, concurrency=8,
+                    recorder_options={"digest_every": 100, "max_file_bytes": 4 * 1024})
+    assert len(list(directory.glob("*.lolog"))) >= 3
+    return directory
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from connector.recording import EventRecorder
 from tests.offload_fsm.helpers import Harness, ea
-from tests.replay.conftest import VERSIONS, run_cli
+from tests.replay.conftest import record_harness, run_cli
 
 DATA = Path(__file__).parent.parent / "data" / "logs"
 GOLDEN = DATA / "v6"
@@ -66,10 +65,7 @@ def test_a_hostile_request_id_is_escaped_and_cut_everywhere(tmp_path: Path) -> N
     h.offer(HOSTILE)
     h.finish(HOSTILE, free=1000)
     h.shutdown()
-    recorder = EventRecorder(h.state.config, 1, str(tmp_path), VERSIONS, prefix="run",
-                             register_atexit=False)
-    recorder.record(h.log, h.state)
-    recorder.close(h.state)
+    record_harness(h, tmp_path)
     outputs = []
     for argv in (["explain", str(tmp_path), "--request", "evil"],
                  ["explain", str(tmp_path), "--request", "nobody\x1b[2J"],

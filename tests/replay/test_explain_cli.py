@@ -4,7 +4,6 @@ summary, whatif, timeline and tail."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from offload_fsm.testing.world import FakePool
 from replay.explain import ExplainObserver
 from replay.runner import replay
 from replay.tail import follow
+from testkit.lmcache_server import free_port
 from tests.replay.conftest import VERSIONS, run_cli
 
 CONFIG = OffloadConfig(policy=Policy.EVICTION_AWARE, horizon_steps=2.5,
@@ -106,15 +106,19 @@ def test_summary_whatif_timeline(tmp_path: Path, mixed_log: Path) -> None:
     assert code == 2 and "expected FILE.html" in err and not (tmp_path / "t.png").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _record_steps(recorder: EventRecorder, steps: int) -> None:
+    """``steps`` steps of one new request each into ``recorder``, which is then closed."""
+    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
+                           sink=recorder.record)
+    for step in range(steps):
+        world.arrive(f"r{step}")
+        world.schedule([f"r{step}"], next_step_blocks=2)
+    recorder.close(world.state)
 
 
 def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
     pytest.importorskip("zmq")
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     lines: list[str] = []
     # The PUB socket binds when the recorder starts; the subscriber connects
     # and retries, and a PUB drops what was sent before a subscriber joined.
@@ -124,12 +128,7 @@ def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
     recorder = EventRecorder(CONFIG, 1, str(tmp_path), VERSIONS, prefix="run",
                              register_atexit=False, pub_endpoint=endpoint, digest_every=1)
     time.sleep(0.5)  # the slow-joiner window of PUB/SUB
-    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
-                           sink=recorder.record)
-    for step in range(5):
-        world.arrive(f"r{step}")
-        world.schedule([f"r{step}"], next_step_blocks=2)
-    recorder.close(world.state)
+    _record_steps(recorder, 5)
     thread.join(10)
     assert any(" inputs " in line for line in lines), lines
     assert any(" end (" in line for line in lines), lines
@@ -138,7 +137,7 @@ def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
 
 def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
     pytest.importorskip("zmq")
-    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     lines: list[str] = []
     # The streams are bound before tail connects (a connect racing the bind
     # drops and reconnects, which restarts PUB/SUB's slow-joiner window).
@@ -150,12 +149,7 @@ def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
     thread.start()
     time.sleep(1.0)  # the slow-joiner window of PUB/SUB
     for recorder in recorders:
-        world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
-                               sink=recorder.record)
-        for step in range(3):
-            world.arrive(f"r{step}")
-            world.schedule([f"r{step}"], next_step_blocks=2)
-        recorder.close(world.state)
+        _record_steps(recorder, 3)
     thread.join(10)
     assert not thread.is_alive(), "tail did not stop at both ENDs"
     for label in ("[0] ", "[1] "):

@@ -3,13 +3,10 @@ halves: the front's store and the rest's own fate."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from connector.recording import EventRecorder
-from replay.cli import main
 from tests.offload_fsm.helpers import Harness, ea
-from tests.replay.conftest import VERSIONS
+from tests.replay.conftest import record_harness, run_cli
 
 
 def test_explain_names_the_split_and_follows_both_halves(tmp_path: Path) -> None:
@@ -22,14 +19,9 @@ def test_explain_names_the_split_and_follows_both_halves(tmp_path: Path) -> None
     h.tick(allocated=20, requests=1)
     h.tick(allocated=20, requests=1, reallocated=((blocks[11], 999_999),))
     h.complete("a")
-    recorder = EventRecorder(h.state.config, 1, str(tmp_path), VERSIONS, prefix="run",
-                             register_atexit=False)
-    recorder.record(h.log, h.state)
-    recorder.close(h.state)
-    out, err = io.StringIO(), io.StringIO()
-    assert main(["explain", str(tmp_path / "run-000000.lolog"), "--request", "a"],
-                out=out, err=err) == 0, err.getvalue()
-    text = out.getvalue()
+    record_harness(h, tmp_path)
+    code, text, err = run_cli("explain", str(tmp_path / "run-000000.lolog"), "--request", "a")
+    assert code == 0, err
     assert ("SPLIT [0, 384) at token 320: only its first 10 blocks fit the pin headroom "
             "(pin_budget); [320, 384) stays buffered") in text
     stories = {line.split(":")[0].strip(): line for line in text.splitlines()

@@ -27,7 +27,7 @@ from offload_fsm.vocabulary.errors import LogCorrupt
 from replay import memory
 from replay.cli import main
 from tests.replay import hostile_logs
-from tests.replay.conftest import record_workload
+from tests.replay.conftest import record_rotated
 
 ROOT = Path(__file__).resolve().parents[2]
 _AS_LIMIT_BYTES = 1 << 30
@@ -123,18 +123,8 @@ def test_reaching_the_memory_ceiling_is_a_message_and_exit_3(tmp_path: Path) -> 
         assert done.returncode == 3
 
 
-def _rotated(tmp_path: Path) -> Path:
-    """A run of several files, for ``verify --workers``."""
-    directory, _ = record_workload(tmp_path / "rot", requests=60, seed=4, pool_blocks=64,
-                                   concurrency=8,
-                                   recorder_options={"digest_every": 100,
-                                                     "max_file_bytes": 4 * 1024})
-    assert len(list(directory.glob("*.lolog"))) >= 3
-    return directory
-
-
 def test_the_default_ceiling_leaves_forked_workers_verifying(tmp_path: Path) -> None:
-    directory = _rotated(tmp_path)
+    directory = record_rotated(tmp_path / "rot", requests=60)
     done = _replay("verify", str(directory), "--workers", "2")
     assert done.returncode == 0, done.stderr
     assert "OK: every outcome and digest matches" in done.stdout
@@ -145,7 +135,7 @@ def test_a_worker_out_of_memory_is_the_same_message(tmp_path: Path,
     """A forked worker's MemoryError travels back to the command line."""
     from replay import parallel
 
-    directory = _rotated(tmp_path)
+    directory = record_rotated(tmp_path / "rot", requests=60)
 
     def out_of_memory(unit: object, check_snapshots: bool) -> None:
         raise MemoryError

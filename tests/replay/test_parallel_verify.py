@@ -9,20 +9,11 @@ from pathlib import Path
 from replay.cli import main
 from replay.parallel import replay_parallel
 from replay.runner import replay
-from tests.replay.conftest import record_workload
-
-
-def _rotated(tmp_path: Path) -> Path:
-    directory, _ = record_workload(tmp_path / "rot", requests=150, seed=4, pool_blocks=64,
-                                   concurrency=8,
-                                   recorder_options={"digest_every": 100,
-                                                     "max_file_bytes": 4 * 1024})
-    assert len(list(directory.glob("*.lolog"))) >= 3
-    return directory
+from tests.replay.conftest import record_rotated, record_workload
 
 
 def test_parallel_verify_agrees_with_serial(tmp_path: Path) -> None:
-    directory = _rotated(tmp_path)
+    directory = record_rotated(tmp_path / "rot", requests=150)
     serial = replay(directory)
     for workers in (1, 2):
         parallel = replay_parallel(directory, workers=workers)
@@ -35,7 +26,7 @@ def test_parallel_verify_agrees_with_serial(tmp_path: Path) -> None:
 
 
 def test_a_broken_seam_is_reported(tmp_path: Path) -> None:
-    directory = _rotated(tmp_path)
+    directory = record_rotated(tmp_path / "rot", requests=150)
     files = sorted(directory.glob("*.lolog"))
     files[1].unlink()  # the seam between files 0 and 2 no longer lines up
     result = replay_parallel(directory, workers=2)

@@ -250,9 +250,8 @@ def test_every_drop_bar_names_its_cause_and_the_colours_tell_things_apart(
 
 
 def test_resets_and_the_shutdown_are_marked(tmp_path: Path) -> None:
-    from connector.recording import EventRecorder
     from tests.offload_fsm.helpers import Harness, ea
-    from tests.replay.conftest import VERSIONS
+    from tests.replay.conftest import record_harness
 
     h = Harness(ea())
     h.arrive("a")
@@ -264,10 +263,7 @@ def test_resets_and_the_shutdown_are_marked(tmp_path: Path) -> None:
     h.reset_cache()
     h.tick(allocated=8, next_blocks=8)
     h.shutdown()
-    recorder = EventRecorder(h.state.config, 1, str(tmp_path), VERSIONS, prefix="run",
-                             register_atexit=False)
-    recorder.record(h.log, h.state)
-    recorder.close(h.state)
+    record_harness(h, tmp_path)
     timeline, _ = build_timeline(str(tmp_path))
     assert timeline.markers == [(2, "prefix-cache reset"), (3, "shutdown")]
     fig = figure(timeline, "t")
