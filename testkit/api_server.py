@@ -12,8 +12,10 @@ HTTP helpers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,8 +75,10 @@ def api_server_process(model_dir: Path, kv_transfer_config: dict[str, Any] | Non
         # An in-process LLM() of an earlier test leaves its own (since deleted)
         # Prometheus multiprocess directory in os.environ; the server makes its own.
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        # Its own process group: what the server leaves behind when it is stopped
+        # before it is ready (its engine core) is killed with the group.
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=cwd)
+                                  cwd=cwd, start_new_session=True)
         try:
             deadline = time.monotonic() + ready_timeout_s
             while True:
@@ -96,6 +100,8 @@ def api_server_process(model_dir: Path, kv_transfer_config: dict[str, Any] | Non
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
 
 
 @contextmanager
