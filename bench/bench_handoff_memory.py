@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
-from connector.handoff import Handoff
-from connector.supervisor import launcher
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
 from offload_fsm import Settings, drive, new_state
 from offload_fsm.testing.synthetic import default_config
 from offload_fsm.vocabulary.events import RequestArrived, RequestFinished, StepScheduled

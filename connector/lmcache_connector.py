@@ -45,12 +45,12 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from connector import kv_events, metrics, shutdown_signal
 from connector.candidates import source_of, storable_end
-from connector.eventlog import default_prefix
-from connector.handoff import Handoff
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
 from connector.logs import LOGGER_NAME
 from connector.manager import EventSourcedManager
-from connector.recording import installed_versions
-from connector.supervisor import launcher
+from connector.recorder.recording import installed_versions
+from connector.recorder.writer import default_prefix
 from offload_fsm import parse_config
 from offload_fsm.log.names import FILE_SUFFIX
 from offload_fsm.vocabulary.config import (

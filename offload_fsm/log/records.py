@@ -122,9 +122,12 @@ __all__ = [
     "encode_header",
     "encode_index",
     "encode_inputs",
+    "encode_wire_inputs",
+    "inputs_items",
     "encode_rejected",
     "encode_packed_snapshot",
     "encode_snapshot",
+    "run_header",
 ]
 
 SCHEMA_VERSION: Final[int] = 7
@@ -303,6 +306,18 @@ class Index:
     key: int | None = None
 
 
+def run_header(*, seq: int, wall_time_s: float, config: dict[str, Any], policy: str,
+               world_size: int, versions: dict[str, str], created_s: float,
+               file_index: int, digest_every: int, full_outcomes: bool,
+               engine_index: int) -> Header:
+    """The header of a file this version writes (every writer of a log builds
+    its headers here: the schema is always :data:`SCHEMA_VERSION`)."""
+    return Header(seq=seq, wall_time_s=wall_time_s, schema=SCHEMA_VERSION, config=config,
+                  policy=policy, world_size=world_size, versions=versions,
+                  created_s=created_s, file_index=file_index, digest_every=digest_every,
+                  full_outcomes=full_outcomes, engine_index=engine_index)
+
+
 LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index | Vanished
 
 
@@ -339,13 +354,24 @@ def encode_inputs(
 ) -> bytes:
     """An INPUTS payload for events numbered from ``seq``; ``wall_ms`` is
     relative to the file header's ``created_s``."""
+    return encode_wire_inputs(seq, wall_ms, inputs_items(applied, full_outcomes))
+
+
+def inputs_items(applied: Iterable[tuple[Event, Outcome]], full_outcomes: bool) -> list[Any]:
+    """``applied`` as an INPUTS record holds it: ``[ev_1, check_1, ev_2, ...]``
+    (the engine's hand-off sends each callback so)."""
     table = TO_WIRE
-    items: list[Any] = [INPUTS, seq, wall_ms]
+    items: list[Any] = []
     append = items.append
     for event, outcome in applied:
         append(table[type(event)](event))
         append(recorded_form(outcome, full_outcomes))
-    return packb(items)
+    return items
+
+
+def encode_wire_inputs(seq: int, wall_ms: int, items: Iterable[Any]) -> bytes:
+    """An INPUTS payload of ``items`` (:func:`inputs_items`' form, events as wire tuples)."""
+    return packb([INPUTS, seq, wall_ms, *items])
 
 
 def encode_digest(seq: int, wall_ms: int, digest: str) -> bytes:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from connector import eventlog
-from connector.recording import EventRecorder
+from connector.recorder import writer as eventlog
+from connector.recorder.recording import EventRecorder
 from offload_fsm.log.framing import scan
 from offload_fsm.log.records import Gap, Header, Inputs, Snapshot
 from offload_fsm.state import State
@@ -505,7 +505,7 @@ def test_a_writable_log_dir_gets_the_configured_bounds(
 
 _WRITER = """
 import os, sys, time
-from connector.eventlog import EventLogWriter
+from connector.recorder.writer import EventLogWriter
 directory, prefix, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 w = EventLogWriter(directory, encode=lambda item: item, make_header=lambda: b"H" * 64,
                    make_gap=lambda n: b"G", prefix=prefix, max_file_bytes=16 * 1024,
@@ -558,7 +558,7 @@ def test_a_shared_directory_keeps_its_bound_and_never_deletes_a_live_writers_fil
 
 def test_a_file_that_vanishes_or_may_not_be_deleted_is_skipped_and_the_pass_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import connector.eventlog as eventlog
+    import connector.recorder.writer as eventlog
 
     warnings: list[str] = []
     for n in range(6):
@@ -589,7 +589,7 @@ def test_files_another_writer_holds_do_not_starve_the_closed_ones(tmp_path: Path
     deleted (the oldest go until the rest fit)."""
     import fcntl
 
-    import connector.eventlog as eventlog
+    import connector.recorder.writer as eventlog
 
     live = tmp_path / "live-000000.lolog"
     live.write_bytes(b"\0" * 40_000)
@@ -616,7 +616,7 @@ def test_a_file_that_cannot_be_locked_is_never_deleted(
     import errno
     import fcntl
 
-    import connector.eventlog as eventlog
+    import connector.recorder.writer as eventlog
 
     for n in range(4):
         (tmp_path / f"old-{n:06d}.lolog").write_bytes(b"\0" * 10_000)

@@ -22,7 +22,7 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E
 
 from connector import manager as manager_module  # noqa: E402
 from connector.manager import EventSourcedManager  # noqa: E402
-from connector.recording import EventRecorder  # noqa: E402
+from connector.recorder.recording import EventRecorder  # noqa: E402
 from offload_fsm import OffloadConfig, Policy  # noqa: E402
 
 BLOCK = 16

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from connector.handoff import Handoff
-from connector.recorder import EXIT_FAILED
-from connector.supervisor import launcher
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
+from connector.recorder.process import EXIT_FAILED
 from offload_fsm import Settings, drive, new_state
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, scan
@@ -477,7 +477,7 @@ def test_a_peer_declaring_a_huge_subscription_is_cut_off(tmp_path: Path) -> None
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    from connector.recording import pub_socket
+    from connector.recorder.stream import pub_socket
 
     context = zmq.Context()
     endpoint = f"ipc://{tmp_path}/pub.sock"

@@ -357,7 +357,7 @@ def _compact_forms_in(path: Path) -> tuple[int, int]:
 
 
 def test_a_real_schedulers_log_recorded_again_uses_runs_and_references(tmp_path: Path) -> None:
-    from connector.recording import EventRecorder
+    from connector.recorder.recording import EventRecorder
     from replay.runner import config_of
     from testkit.rerecord import rerecord
 

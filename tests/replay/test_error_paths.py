@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from tests.offload_fsm.helpers import Harness, ea
 from tests.replay.conftest import VERSIONS, run_cli
 

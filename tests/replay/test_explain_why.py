@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from replay.cli import main
 from tests.offload_fsm.helpers import Harness, ea
 from tests.replay.conftest import VERSIONS

@@ -250,7 +250,7 @@ def test_every_drop_bar_names_its_cause_and_the_colours_tell_things_apart(
 
 
 def test_resets_and_the_shutdown_are_marked(tmp_path: Path) -> None:
-    from connector.recording import EventRecorder
+    from connector.recorder.recording import EventRecorder
     from tests.offload_fsm.helpers import Harness, ea
     from tests.replay.conftest import VERSIONS
 

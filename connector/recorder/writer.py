@@ -17,16 +17,17 @@ own, without its predecessors.
 
 Contract towards the caller (the recorder process's main thread)
 ----------------------------------------------------------------
-* :meth:`EventLogWriter.append` never blocks and never does I/O: it puts the
-  opaque item on a bounded in-memory queue (``queue_max_items``).  Encoding,
-  framing and writing happen on a daemon background thread.
-* If the queue is full the item is dropped and counted.  The loss is never
-  silent: the first loss calls ``warn`` once (per writer), ``items_lost``
-  counts every dropped item, and as soon as the queue has room again a gap
-  marker ``make_gap(lost_count)`` is enqueued in front of the next item, so
-  the log itself records where and how many events are missing.  Items that
-  fail to encode (or exceed ``MAX_PAYLOAD_BYTES``) are handled the same way:
-  counted in ``items_lost``, warned about once, replaced by ``make_gap(1)``.
+* :meth:`EventLogWriter.append` never blocks, never drops and never does
+  I/O: it puts the opaque item on an in-memory queue. Encoding, framing and
+  writing happen on a daemon background thread. The queue's bound is its
+  caller's: the recorder process takes nothing more from the engine while
+  :attr:`EventLogWriter.busy` (half of ``queue_max_bytes``, each item
+  weighing what ``item_bytes`` says), so what waits stays within the
+  engine's hand-off budget, the one place that drops and counts events
+  (``connector.handoff``). This writer loses events only to its disk (an
+  I/O error, a stall: below), and the log says so with a GAP. An item that
+  fails to encode is counted in ``items_lost``, warned about once, and
+  replaced by ``make_gap(events)``.
 * Writes are buffered and flushed to the OS every ``flush_interval_s`` or
   ``flush_bytes``; files are fsynced on rotation and on :meth:`close`.
   ``close`` is idempotent and registered with :mod:`atexit`, so a normal
@@ -52,8 +53,6 @@ Contract towards the caller (the recorder process's main thread)
   count, so they never starve the closed ones). An existing directory open
   to others is left as it is, with a warning. A file gone before its turn,
   or one this process may not delete, is skipped (logged once per cause) and the pass goes on.
-* With ``item_bytes``, the queue is bounded in bytes too
-  (``queue_max_bytes``, each item weighing what ``item_bytes`` says).
 * A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
   mount) sends the writer to broken mode as an I/O error does: the
   producer's next :meth:`append` sees it, what comes is dropped and counted,
@@ -96,15 +95,6 @@ def default_prefix() -> str:
     return f"{stamp}-{os.getpid()}" + (f"-{n}" if n else "")
 
 
-class _Gap:
-    """Queue-internal placeholder; turned into ``make_gap(count)`` by the writer thread."""
-
-    __slots__ = ("count",)
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-
-
 class _Rotate:
     """Queue-internal: close the file, open the next, and write ``item`` (a
     snapshot, say) right after its header; see :meth:`EventLogWriter.rotate`."""
@@ -134,7 +124,6 @@ class EventLogWriter:
         make_gap: Callable[[int], object],
         warn: Callable[[str], None] | None = None,
         prefix: str | None = None,
-        queue_max_items: int = 65536,
         max_file_bytes: int = 64 * 1024 * 1024,
         max_total_bytes: int | None = None,
         auto_rotate: bool = True,
@@ -152,8 +141,6 @@ class EventLogWriter:
         queue_max_bytes: int = 64 * 1024 * 1024,
         io_stall_s: float = 10.0,
     ) -> None:
-        if queue_max_items < 1:
-            raise ValueError("queue_max_items must be >= 1")
         if max_file_bytes < 1:
             raise ValueError("max_file_bytes must be >= 1")
         if max_total_bytes is not None and max_total_bytes < 1:
@@ -164,7 +151,6 @@ class EventLogWriter:
         self._make_gap = make_gap
         self._warn = warn if warn is not None else _log.warning
         self.prefix = prefix if prefix is not None else default_prefix()
-        self._queue_max = queue_max_items
         self._item_bytes = item_bytes
         self._queue_max_bytes = queue_max_bytes
         self._bytes_in = 0  # producer: bytes of the items it queued (``item_bytes``)
@@ -191,13 +177,8 @@ class EventLogWriter:
         self._batch_bytes = 0
         self._pack_s = 0.0  # writer thread time in pack (compression)
 
-        # Producer-side state.  ``_limit`` is the queue bound while healthy and
-        # -1 while a loss is pending or after close, which routes append() to
-        # the slow path with a single comparison on the hot path.
+        # Producer-side state.
         self._queue: deque[object] = deque()
-        self._limit = queue_max_items
-        self._lost_pending = 0  # items dropped in the current overflow episode
-        self._lost_events = 0  # their weight (``item_events``): the gap's count
         self._items_lost = 0
         self._warned_loss = False
         self._closing = False
@@ -252,50 +233,21 @@ class EventLogWriter:
     # ------------------------------------------------------------ producer side
 
     def append(self, item: object) -> None:
-        """Enqueue ``item`` for writing; never blocks, never raises on overload."""
-        q = self._queue
-        if len(q) < self._limit and self._item_bytes is None:
-            q.append(item)
-        else:
-            self._append_slow(item)
-
-    def _room(self, size: int) -> bool:
-        return (len(self._queue) < self._queue_max
-                and self._bytes_in - self._bytes_out + size <= self._queue_max_bytes)
-
-    def _append_slow(self, item: object) -> None:
-        q = self._queue
+        """Enqueue ``item`` for writing; never blocks, never drops (see the module docstring)."""
         if self._closing:
             self._lose("append() after close(); item dropped")
             return
         if self._io_since and time.monotonic() - self._io_since > self._io_stall_s:
             self._stalled()
-        size = self._item_bytes(item) if self._item_bytes is not None else 0
-        if self._lost_pending:
-            if self._room(size):
-                # Room again: the gap marker may exceed the bound by one.
-                self._queue_gap()
-                self._bytes_in += size
-                q.append(item)
-                return
-            self._lost_pending += 1
-            self._items_lost += 1
-            self._lost_events += self._item_events(item)
-            return
-        if self._room(size):
-            self._bytes_in += size
-            q.append(item)
-            return
-        self._lost_pending = 1
-        self._lost_events = self._item_events(item)
-        self._limit = -1
-        self._lose(
-            f"event log queue full ({self._queue_max} items, "
-            f"{self._queue_max_bytes} bytes): dropping events; "
-            "a gap marker with the lost count will be written when the queue drains "
-            "(further losses are counted in items_lost, not warned again)",
-        )
-        self._wake.set()
+        if self._item_bytes is not None:
+            self._bytes_in += self._item_bytes(item)
+        self._queue.append(item)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the queue weighs half ``queue_max_bytes`` or more: its
+        caller takes nothing more in until it is not."""
+        return 2 * (self._bytes_in - self._bytes_out) >= self._queue_max_bytes
 
     def _stalled(self) -> None:
         """The writer thread's write/flush/fsync has not returned for longer
@@ -309,14 +261,6 @@ class EventLogWriter:
                        f"{self._io_stall_s:g} s (a hung disk?); events are dropped and "
                        "counted; the log resumes in a new file when writes succeed")
 
-    def _queue_gap(self) -> None:
-        """End an overflow episode: its gap marker goes in front of what follows."""
-        if self._lost_events:
-            self._queue.append(_Gap(self._lost_events))
-        self._lost_pending = 0
-        self._lost_events = 0
-        self._limit = -1 if self._closing else self._queue_max
-
     def _lose(self, message: str) -> None:
         self._items_lost += 1
         if not self._warned_loss:
@@ -328,24 +272,19 @@ class EventLogWriter:
         """True when the writer wants the producer to call :meth:`rotate`: the
         file reached ``max_file_bytes`` (with ``auto_rotate=False``), or the
         log can resume after an I/O failure (probed once per
-        ``retry_interval_s``). False while a rotation is queued or the queue
-        is full."""
-        return (self._due and not self._rotate_pending and not self._closing
-                and len(self._queue) < self._queue_max)
+        ``retry_interval_s``). False while a rotation is queued."""
+        return self._due and not self._rotate_pending and not self._closing
 
     def rotate(self, first_item: object | None = None) -> bool:
         """Queue a rotation: the next file starts with its header and then
         ``first_item`` (the producer's snapshot); after an I/O failure this is
         the attempt to resume, and a gap marker with the events lost goes
-        between the two. Returns False (nothing queued, call again later) when
-        the queue is full or the writer is closing."""
-        q = self._queue
-        if self._closing or len(q) >= self._queue_max:
+        between the two. Returns False (nothing queued) when the writer is
+        closing."""
+        if self._closing:
             return False
-        if self._lost_pending:
-            self._queue_gap()
         self._rotate_pending = True
-        q.append(_Rotate(first_item))
+        self._queue.append(_Rotate(first_item))
         self._wake.set()
         return True
 
@@ -429,10 +368,6 @@ class EventLogWriter:
         with self._close_lock:
             first = not self._closing
             self._closing = True
-            if first and self._lost_pending:
-                # Record the final loss episode in the log before shutting down.
-                self._queue_gap()
-            self._limit = -1
         if first and self._atexit_registered:
             atexit.unregister(self._atexit_close)
         self._wake.set()
@@ -511,42 +446,31 @@ class EventLogWriter:
             return 1
 
     def _write_item(self, item: object) -> None:
-        kind = type(item)
-        if kind is _Rotate:
+        if type(item) is _Rotate:
             assert isinstance(item, _Rotate)
             self._on_rotate(item.item)
             return
-        is_gap = kind is _Gap
         if self._broken is not None:
-            if is_gap:
-                assert isinstance(item, _Gap)
-                self._outage_lost += item.count
-                return
             self._items_lost += 1
             self._outage_lost += self._weigh(item)
             return
-        if is_gap:
-            assert isinstance(item, _Gap)
-            item = self._make_gap(item.count)
         batchable = self._batchable
         if batchable is not None and batchable(item):
-            self._add_to_batch(item, is_gap)
+            self._add_to_batch(item)
             return
         self._close_batch()
         if self._broken is not None:
-            self._drop(item, is_gap)
+            self._drop(item)
             return
+        is_gap = False
         try:
             record = frame(self._encode(item))
         except Exception as exc:
             self._encode_errors += 1
-            if not is_gap:
-                self._items_lost += 1
+            self._items_lost += 1
             if not self._warned_encode:
                 self._warned_encode = True
                 self._warn(f"event log: failed to encode {type(item).__name__}: {exc!r}")
-            if is_gap:
-                return
             lost = self._weigh(item)
             if not lost:
                 return
@@ -557,8 +481,8 @@ class EventLogWriter:
             is_gap = True
         self._place(record, [_GAP_WEIGHT if is_gap else self._weigh(item)], is_gap=is_gap)
 
-    def _drop(self, item: object, is_gap: bool) -> None:
-        self._lose_weight(_GAP_WEIGHT if is_gap else self._weigh(item))
+    def _drop(self, item: object) -> None:
+        self._lose_weight(self._weigh(item))
 
     def _lose_weight(self, weight: int) -> None:
         """Count an item of ``weight`` events that will not be written (a
@@ -567,7 +491,8 @@ class EventLogWriter:
             self._items_lost += 1
             self._outage_lost += weight
 
-    def _add_to_batch(self, item: object, is_gap: bool) -> None:
+    def _add_to_batch(self, item: object) -> None:
+        is_gap = False
         try:
             payload = self._encode(item)
         except Exception as exc:
@@ -575,8 +500,6 @@ class EventLogWriter:
             if not self._warned_encode:
                 self._warned_encode = True
                 self._warn(f"event log: failed to encode {type(item).__name__}: {exc!r}")
-            if is_gap:
-                return
             self._items_lost += 1
             lost = self._weigh(item)
             if not lost:

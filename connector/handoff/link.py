@@ -1,0 +1,85 @@
+"""What the hand-off holds towards one recorder: the link, the bookkeeping, backoff.
+
+Contract: no I/O of its own. :class:`Link` is what the hand-off needs of a
+recorder process and its socket (``connector.handoff.supervisor`` gives the
+real one; tests give fakes); :data:`FRAME_BYTES` and :func:`growth` are what
+the hand-off's byte budget charges beyond a message's own bytes;
+:class:`Backoff` is the doubling delay of restarts, resyncs and snapshots
+too large for the budget; :class:`HandoffStats` the counters ``/metrics``
+reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol
+
+import attrs
+
+__all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "Link", "growth"]
+
+# What one frame's bookkeeping is charged against the budget: the hand-off's
+# entry for it (a tuple of two ints in a deque: about 130 bytes) and
+# ZeroMQ's (a 64-byte message slot in its pipe and the allocation's header).
+FRAME_BYTES: Final = 512
+
+
+class Link(Protocol):
+    """One recorder process and the socket to it (``connector.handoff.supervisor``)."""
+
+    def send(self, message: bytes) -> bool:
+        """Append ``message`` to the open frame (nothing reaches ZeroMQ before
+        :meth:`flush`). False if it could not be taken."""
+
+    def flush(self) -> bool:
+        """Hand the open frame to ZeroMQ as one message, without blocking;
+        False if it could not be (its messages are lost)."""
+
+    def replies(self) -> list[tuple[Any, ...]]:
+        """The recorder's messages that arrived, without blocking."""
+
+    def exit_code(self) -> int | None:
+        """None while the process runs."""
+
+    def close(self) -> None:
+        """Drop the socket (unsent messages are lost) and let the process go."""
+
+
+@attrs.define(kw_only=True)
+class HandoffStats:
+    """Counters for ``/metrics`` and the log lines."""
+
+    events_lost: int = 0  # numbered but never confirmed in the recorder's hands
+    outages: int = 0
+    recorder_restarts: int = 0
+    bytes_in_flight: int = 0  # held against the budget: unacknowledged bytes and bookkeeping
+    bytes_in_flight_max: int = 0
+
+
+@attrs.define(kw_only=True)
+class Backoff:
+    """A delay that doubles from ``min_s`` up to ``max_s`` each time it is
+    taken, and is due again ``delay_s`` after that."""
+
+    min_s: float
+    max_s: float
+    delay_s: float = attrs.field(default=attrs.Factory(lambda self: self.min_s,
+                                                       takes_self=True))
+    due_at: float = 0.0
+
+    def take(self, now: float) -> float:
+        """Wait the current delay from ``now`` (returned), double the next."""
+        delay = self.delay_s
+        self.due_at = now + delay
+        self.delay_s = min(delay * 2, self.max_s)
+        return delay
+
+    def reset(self) -> None:
+        self.delay_s = self.min_s
+
+
+
+
+def growth(size: int) -> int:
+    """What a message of ``size`` bytes adds to the count: its bytes and an
+    eighth, the open frame's buffer's room to grow."""
+    return size + size // 8

@@ -1,0 +1,125 @@
+"""Where a log's next event goes: one cursor for every writer of a log, and the sink contract.
+
+Contract: pure (no clock, no I/O, no logging). A writer of a log (the
+engine's hand-off, the recorder, ``replay whatif``'s writer) keeps one
+:class:`LogCursor`, which owns the three numbers that decide the log's
+layout (``log.layout``): the next event's ``seq``, the open batch, and the
+``seq`` at which the next digest is due. Two writers fed the same events
+therefore number them alike, close their batches after the same callbacks
+and take their digests at the same ``seq``: ``replay diff`` compares their
+logs record by record.
+
+Theory of operation
+-------------------
+* :meth:`LogCursor.add` numbers one callback's applied events into the open
+  batch (the writer keeps whatever it wants per callback: the event objects,
+  their packed bytes) and says whether the batch closes after them
+  (``layout.closes_batch``).
+* :meth:`LogCursor.take` hands the open batch over (its first ``seq`` and
+  its items) and opens the next one.
+* :meth:`LogCursor.digest_due` is asked at a batch boundary, with the state
+  after the batch: a digest (or the engine's summary, which the recorder's
+  digest is checked against) is taken there and nowhere else, so a batch is
+  never split by a digest.
+* :meth:`LogCursor.skip_to` moves past events that are not in this log (a
+  GAP: lost, or numbered by the engine before this recorder started); the
+  open batch is dropped with them.
+
+:class:`EventSink` is the contract the shell's manager records through:
+``record`` each callback's applied events, ``record_rejected`` a callback
+whose step failed, ``close`` at shutdown. None of its methods may raise
+because of the log or block on I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from offload_fsm.log.layout import (
+    BATCH_EVENTS,
+    closes_batch,
+    first_digest_seq,
+    next_digest_seq,
+)
+from offload_fsm.state import State
+from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
+
+__all__ = ["EventSink", "LogCursor"]
+
+
+class EventSink(Protocol):
+    """Where the shell's applied events go (see the module docstring)."""
+
+    def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
+        """One callback's applied events (``offload_fsm.drive``'s result) and the state after."""
+
+    def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
+                        reason: str, state: State) -> None:
+        """A callback whose step failed: ``applied`` before the failure, then
+        ``event`` rejected with ``reason``."""
+
+    def close(self, state: State | None) -> None:
+        """The log ends (with the final digest when ``state`` is given)."""
+
+
+class LogCursor:
+    """``seq``, the open batch and the next digest of one log (see the module docstring)."""
+
+    __slots__ = ("batch", "batch_events", "batch_seq", "digest_every", "limit_events",
+                 "next_digest", "seq")
+
+    def __init__(self, *, digest_every: int, first_seq: int = 0,
+                 limit_events: int = BATCH_EVENTS) -> None:
+        if limit_events < 1:
+            raise ValueError(f"limit_events={limit_events!r}: expected an integer >= 1")
+        self.seq = first_seq  # the next event's
+        self.batch: list[Any] = []  # the writer's items of the open batch, one per callback
+        self.batch_events = 0
+        self.batch_seq = first_seq  # the open batch's first event
+        self.digest_every = digest_every
+        self.next_digest = first_digest_seq(digest_every)
+        self.limit_events = limit_events
+
+    def add(self, applied: Sequence[tuple[Any, Any]], item: Any) -> bool:
+        """Number one callback's ``applied`` (event, outcome) pairs into the
+        open batch, kept there as ``item``; whether the batch closes now."""
+        self.batch.append(item)
+        count = len(applied)
+        self.seq += count
+        self.batch_events += count
+        return closes_batch(applied, self.batch_events, self.limit_events)
+
+    def take(self) -> tuple[int, list[Any]]:
+        """The open batch (its first ``seq``, its items); the next one opens at ``seq``."""
+        first, items = self.batch_seq, self.batch
+        self.batch = []
+        self.batch_events = 0
+        self.batch_seq = self.seq
+        return first, items
+
+    def take_whole(self, first_seq: int, events: int) -> None:
+        """A batch numbered elsewhere (the engine's, ``events`` from
+        ``first_seq``) taken as it is: the cursor moves past it."""
+        self.skip_to(first_seq)
+        self.seq = self.batch_seq = first_seq + events
+
+    def digest_due(self, state: State | None) -> bool:
+        """At a batch boundary: whether a digest of ``state`` (the state
+        after the batch) is due; the next one is then scheduled. With
+        ``state`` None (not known) none is due and the next one is
+        ``digest_every`` events on."""
+        if not self.seq >= self.next_digest > 0:
+            return False
+        if state is None:
+            self.next_digest = self.seq + self.digest_every
+            return False
+        self.next_digest = next_digest_seq(self.seq, self.digest_every, state)
+        return True
+
+    def skip_to(self, seq: int) -> None:
+        """Go on from event ``seq``; the open batch is dropped."""
+        self.seq = self.batch_seq = seq
+        self.batch = []
+        self.batch_events = 0
