@@ -1,4 +1,4 @@
-"""Background, non-blocking writer of the framed event log (and file helpers).
+"""The recorder's writer thread: framed records into rotating files.
 
 Log files
 ---------
@@ -41,18 +41,11 @@ Contract towards the caller (the recorder process's main thread)
   not batchable (that one is written on its own). A batch closes early when
   the file would reach ``max_file_bytes`` with it (so rotation keeps its
   bound). A crash loses the pending batch with the unflushed tail.
-* Appends are intended to come from one thread (the scheduler).  Several
-  producer threads are safe (the deque operations are atomic) but the queue
-  bound and the loss accounting are then approximate.
-* A shared directory (several engines, several ``vllm serve``): each writer
-  holds its open file with an ``flock`` that dies with its descriptor, and
-  retention deletes only files no live writer holds (a file that cannot be
-  locked, on a file system without ``flock``, counts as held: never
-  deleted); every writer keeps the directory's total (all runs) within
-  ``max_total_bytes`` less the files being written (held files do not
-  count, so they never starve the closed ones). An existing directory open
-  to others is left as it is, with a warning. A file gone before its turn,
-  or one this process may not delete, is skipped (logged once per cause) and the pass goes on.
+* Appends come from one thread (the recorder process's main thread).
+* A shared directory (several engines, several ``vllm serve``): the
+  directory's total stays within ``max_total_bytes`` less the files being
+  written (``connector.recorder.retention``). An existing directory open
+  to others is left as it is, with a warning.
 * A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
   mount) sends the writer to broken mode as an I/O error does: the
   producer's next :meth:`append` sees it, what comes is dropped and counted,
@@ -63,20 +56,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import itertools
 import logging
 import os
-import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from connector.recorder.retention import Retention, discard, private, private_directory
 from offload_fsm.log.framing import frame
-from offload_fsm.log.names import file_name, file_sort_key, parse_file_name
+from offload_fsm.log.names import file_name, parse_file_name
 
 __all__ = [
     "EventLogWriter",
@@ -193,15 +185,12 @@ class EventLogWriter:
         self._encode_errors = 0
         self._warned_encode = False
         self._warned_plain_rotation = False
-        self._retention_warned: set[str] = set()
         self._broken: BaseException | None = None
         self._outage_lost = 0  # events dropped since the I/O failure
         self._next_retry = 0.0
         self._due = False  # the writer wants a rotation (size bound, or space is back)
         self._due_since = 0.0
         self._resumes = 0
-        self._files_deleted = 0
-        self._bytes_deleted = 0
         self._files: list[Path] = []
         self._seqno = -1
         self._file: BinaryIO | None = None
@@ -213,6 +202,7 @@ class EventLogWriter:
         # Open the first file here, on the caller's thread, so that a bad
         # directory or a failing header/encode raises at construction.
         private_directory(self._dir, self._warn)
+        self._retention = Retention(self._dir, max_total_bytes, self._warn)
         # A writer that takes over a run (a restarted recorder) goes on after
         # the run's last file.
         taken = [parsed[1] for parsed in map(parse_file_name, os.listdir(self._dir))
@@ -350,8 +340,8 @@ class EventLogWriter:
             "bytes_written": self._bytes_written,
             "encode_errors": self._encode_errors,
             "files": len(self._files),
-            "files_deleted": self._files_deleted,
-            "bytes_deleted": self._bytes_deleted,
+            "files_deleted": self._retention.files_deleted,
+            "bytes_deleted": self._retention.bytes_deleted,
             "resumes": self._resumes,
             "queue_len": len(self._queue),
             "pack_us": round(self._pack_s * 1e6),
@@ -634,7 +624,7 @@ class EventLogWriter:
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a link planted here is removed, never followed
-            with _open(path, "xb", opener=_private) as f:
+            with _open(path, "xb", opener=private) as f:
                 f.write(b"\0" * self._probe_bytes)
                 f.flush()
                 os.fsync(f.fileno())
@@ -658,9 +648,9 @@ class EventLogWriter:
         try:
             header = frame(self._encode(self._make_header()))
             with contextlib.ExitStack() as cleanup:
-                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=_private)
-                self._held_by_us(f, path)
-                cleanup.callback(_discard, f, path)
+                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=private)
+                self._retention.hold(f, path)
+                cleanup.callback(discard, f, path)
                 for part in (header, gap, record):
                     if part is not None:
                         f.write(part)
@@ -781,190 +771,22 @@ class EventLogWriter:
                 self._items_written += 1
         self._enforce_retention()
 
+    def _enforce_retention(self) -> None:
+        current = self._files[-1] if self._file is not None and self._files else None
+        self._retention.enforce(current, self._file_bytes)
+
     def _open_next_file(self) -> None:
         self._seqno += 1
         self._due = False
         path = self._dir / file_name(self.prefix, self._seqno)
         # "x": never clobber an existing log; held while written (retention).
         self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192),
-                           opener=_private)
-        self._held_by_us(self._file, path)
+                           opener=private)
+        self._retention.hold(self._file, path)
         self._files.append(path)
         self._file_bytes = 0
         self._file_records = 0
         self._write_record(frame(self._encode(self._make_header())))
 
-    # ------------------------------------------------------------ retention
-
-    def _held_by_us(self, f: BinaryIO, path: Path) -> None:
-        """Hold the file being written (:func:`_hold`); say once when the file
-        system cannot lock it."""
-        error = _hold(f)
-        if error is not None:
-            self._retention_failed("not lockable", error,
-                                   f" (a file system without flock? {path} may be deleted "
-                                   "by another writer's retention; this writer deletes no "
-                                   "file it cannot lock)")
-
-    def _enforce_retention(self) -> None:
-        """Delete the directory's oldest log files (any run, any process, by
-        modification time) until the files no live writer holds (its lock,
-        :func:`_held`; a file that cannot be locked counts as held), with this
-        writer's own open file, are within ``max_total_bytes``. Held files
-        do not count: however large they are, the closed files keep the
-        whole bound, rather than every closed file being deleted. A file
-        another process deleted first, or one this process may not delete,
-        is skipped (logged once per cause) and the pass goes on. Every process
-        writing to the directory runs the same pass, so the bound holds
-        across them, less the files being written."""
-        bound = self._max_total_bytes
-        if bound is None:
-            return
-        current = self._files[-1] if self._file is not None and self._files else None
-        entries = []
-        total = 0
-        try:
-            names = os.listdir(self._dir)
-        except OSError as exc:
-            self._retention_failed("listing", exc)
-            return
-        for name in names:
-            if parse_file_name(name) is None:
-                continue
-            path = self._dir / name
-            if current is not None and path == current:
-                total += self._file_bytes
-                continue
-            try:
-                info = path.stat()
-            except OSError as exc:  # gone since the listing (another writer deleted it)
-                self._retention_failed("vanished", exc)
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            entries.append((info.st_mtime_ns, file_sort_key(name), path, info.st_size))
-            total += info.st_size
-        if total <= bound:
-            return
-        entries.sort()
-        closed = []
-        for entry in entries:  # only now, past the bound: one open and lock each
-            try:
-                held = _held(entry[2])
-            except FileNotFoundError:
-                held = True  # gone: nothing to count or delete
-            except OSError as exc:  # cannot be locked: held
-                self._retention_failed("not lockable", exc)
-                held = True
-            if held:
-                total -= entry[3]
-            else:
-                closed.append(entry)
-        for _, _, path, size in closed:
-            if total <= bound:
-                break
-            try:
-                deleted = _delete_unless_held(path)
-            except FileNotFoundError as exc:  # another writer deleted it first
-                self._retention_failed("vanished", exc)
-                total -= size
-                continue
-            except _Unlockable as exc:
-                self._retention_failed("not lockable", exc)
-                continue
-            except OSError as exc:  # not ours to delete (permissions), say
-                self._retention_failed("not deletable", exc)
-                continue
-            if deleted:
-                total -= size
-                self._files_deleted += 1
-                self._bytes_deleted += size
-
-    def _retention_failed(self, cause: str, exc: OSError, more: str = "") -> None:
-        if cause not in self._retention_warned:
-            self._retention_warned.add(cause)
-            self._warn(f"event log: retention in {self._dir}: a file {cause} ({exc!r}){more}; "
-                       "skipped, the pass goes on (logged once per cause)")
-
-
 _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
 _open = open  # the writer's only way to open files (tests replace it to inject failures)
-
-
-def _hold(f: BinaryIO) -> OSError | None:
-    """Hold ``f`` against deletion by any writer's retention (an exclusive
-    ``flock``, which dies with the file's descriptor: when the file is closed,
-    or its process dies). Returns the error when the file system refused the
-    lock (NFS without locks, some FUSE file systems)."""
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        return error
-    return None
-
-
-class _Unlockable(OSError):
-    """``flock`` failed on a file (not because another holds it): retention
-    treats it as held, since a writer on such a file system cannot hold it."""
-
-
-@contextlib.contextmanager
-def _try_lock(path: Path) -> Iterator[bool]:
-    """``path`` locked while the block runs, unless a live writer holds it
-    (:func:`_hold`; then False); a file that cannot be locked at all raises
-    :class:`_Unlockable`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = True
-        except BlockingIOError:
-            locked = False
-        except OSError as error:
-            raise _Unlockable(error.errno, f"cannot lock {path}: {error.strerror}") from error
-        yield locked
-    finally:
-        os.close(fd)
-
-
-def _held(path: Path) -> bool:
-    """Whether a live writer holds ``path`` (:func:`_hold`); a file that
-    cannot be locked counts as held (:class:`_Unlockable` is raised)."""
-    with _try_lock(path) as locked:
-        return not locked
-
-
-def _delete_unless_held(path: Path) -> bool:
-    """Delete ``path`` unless a live writer holds it (:func:`_hold`); whether
-    it did. The check and the deletion happen under the lock, so a writer
-    cannot take the file in between. A file that cannot be locked is never
-    deleted (:class:`_Unlockable`)."""
-    with _try_lock(path) as locked:
-        if locked:
-            path.unlink()
-        return locked
-
-
-def _private(path: str, flags: int) -> int:
-    """Open as the owner's alone (0600, or stricter by the umask)."""
-    return os.open(path, flags, 0o600)
-
-
-def private_directory(directory: Path, warn: Callable[[str], None]) -> None:
-    """Create ``directory`` for its owner alone (0700). An existing one open
-    to others is left as it is (a directory shared on purpose keeps its
-    group's access and setgid bit), with a warning: the files in it are the
-    owner's alone (0600), but others may see their names and sizes."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = stat.S_IMODE(directory.stat().st_mode)
-    if mode & 0o077:
-        warn(f"event log: {directory} is open to others (mode {mode:o}); it is left as it "
-             "is, the log files in it are 0600 (their names and sizes show); use a 0700 "
-             "directory to keep a log's existence private")
-
-
-def _discard(f: BinaryIO, path: Path) -> None:
-    with contextlib.suppress(OSError):
-        f.close()
-    with contextlib.suppress(OSError):
-        path.unlink()
