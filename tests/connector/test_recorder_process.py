@@ -509,3 +509,14 @@ def test_vllms_way_out_waits_for_end_and_removes_the_sockets_directory(
     assert not link.endpoint_path.parent.exists()
     assert _wait_gone(link.pid)
     assert replay(tmp_path / "logs").ended_cleanly
+
+
+def test_the_recorder_finds_this_package_without_the_engines_pythonpath(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM may find the connector through ``kv_connector_module_path`` alone:
+    the recorder's path starts at the directory that holds ``connector``."""
+    from connector.handoff.supervisor import recorder_environment
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    first = recorder_environment()["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(first) / "connector" / "recorder" / "__main__.py").is_file()
