@@ -79,7 +79,7 @@ class RecorderWatch:
             if link is None:
                 break
             handoff._take_replies(link)
-            if handoff._acked >= handoff._sent:
+            if handoff._flight.acked >= handoff._flight.sent:
                 break
             time.sleep(0.005)
         self.started_cpu = self._sample()

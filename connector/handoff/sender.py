@@ -1,65 +1,7 @@
-"""The engine's side of the event log: number, pack, hand off; nothing more.
-
-vLLM's engine process pays for the log only here. Everything else (the fold
-that checks and snapshots, digests, compaction, compression, framing,
-rotation, retention, the index, the live stream) runs in a recorder process
-of its own (``connector.recorder``) that this side starts and supervises
-(``connector.supervisor``).
-
-Contract towards the caller (vLLM's scheduler thread)
------------------------------------------------------
-* :meth:`Handoff.record` takes what ``offload_fsm.drive`` returned and the
-  state after it. It numbers the events (``seq`` from 0, no holes) and packs
-  each with its outcome's check (``log.wire.outcome_check``; the outcome's
-  wire form with ``full_outcomes``) into msgpack bytes at once, so no event
-  object outlives the callback. The callback that closes a batch
-  (``log.layout.closes_batch``) sends the batch as one STEP message.
-* It never blocks on the recorder and never raises because of the log: a
-  failure of this code itself is an outage too (counted, one warning per
-  kind of error), so the log can never stop offload.
-  Messages are handed to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its
-  I/O thread moves them without the engine thread's GIL), several steps'
-  together as one *frame*: every ``flush_every_s`` (10 ms) or
-  :data:`COALESCE_BYTES`, and at once for START, REJECT and END. A daemon
-  thread hands over a frame left open longer than ``flush_every_s`` (an
-  engine gone idle after a step), so an engine killed outright loses at most
-  that much more. That thread and the scheduler thread share one lock; the
-  thread takes it only when it is free and holds it for one non-blocking
-  send, which is all the scheduler thread can ever wait for.
-* Bounded in bytes, bookkeeping included: what this side holds for the log
-  (the messages' bytes not yet acknowledged by the recorder, wherever they
-  are: the open frame, ZeroMQ's queues on either side, the socket between,
-  plus :data:`FRAME_BYTES` for each frame's bookkeeping here and in ZeroMQ,
-  and an eighth of the open frame, its buffer's growth room) never exceeds
-  ``budget_bytes``: one bookkeeping entry per frame, not per message, so
-  however small the steps (37 bytes, an empty step) the count holds; the
-  stats' ``bytes_in_flight`` is this count. The recorder acknowledges a frame once it
-  has taken it in (handed its events to its writer's queue, which has a
-  bound of its own: ``connector.recorder``). A message that does not fit,
-  or any message while the recorder is dead or stalled, is dropped and its
-  events counted: an *outage*. One warning per outage (one per cause while
-  the recorder keeps failing the same way), and the counters (:attr:`stats`).
-* When the recorder is back (acknowledging again, or restarted after it
-  died, with backoff), the next batch boundary ends the outage: a START
-  message with the number of events lost since the first one the recorder
-  never acknowledged and a snapshot of the live state, from which the
-  recorder restarts its fold; its log says GAP, then the snapshot.
-* Backoff that holds: a recorder that dies, or cannot be started, is
-  started again after ``backoff_s[0]``, doubling up to ``backoff_s[1]``; the
-  delay returns to its minimum only once a recorder acknowledged its START
-  (a recorder that dies on every START is not a storm). A recorder that
-  reports why it could not start (a FAILED reply: the log directory cannot be
-  written, a protocol version it does not speak) is warned about once per
-  cause, with the fix, until one starts. RESYNCs are answered with the same
-  doubling; a snapshot too large for the budget warns once, naming the
-  setting and the size it needs, and is tried again with that doubling.
-* :meth:`close` hands END to the recorder and returns at once. On vLLM's
-  way out (its scheduler's shutdown, :meth:`finish`; and at the
-  interpreter's exit, :func:`atexit`, where there is one) the engine waits
-  at most ``end_wait_s`` for the recorder to acknowledge END, so the END
-  lands when vLLM stops normally within its 5 s grace.
-
-"""
+"""The engine's hand-off, :class:`Handoff`, on vLLM's scheduler thread: its
+contract is the package's (``connector.handoff``): number, pack and hand
+over each batch without blocking, within the byte budget; count what does
+not fit as an outage, ended by a START (lost count, snapshot)."""
 
 from __future__ import annotations
 
@@ -68,11 +10,10 @@ import math
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from connector.handoff.link import FRAME_BYTES, Backoff, HandoffStats, Link, growth
+from connector.handoff.link import FRAME_BYTES, Backoff, HandoffStats, InFlight, Link, growth
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from offload_fsm.log import snapshot
 from offload_fsm.log.cursor import LogCursor
@@ -133,15 +74,8 @@ class Handoff:
         self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
         # seq, the open batch (each callback's packed events) and the next digest
         self._cursor = LogCursor(digest_every=digest_every)
-        # The link: bytes handed over, handed to ZeroMQ and acknowledged; for
-        # each frame handed to ZeroMQ and not yet acknowledged, the byte total
-        # after it and its first seq; the open frame's first seq.
         self._link: Link | None = None
-        self._sent = 0
-        self._flushed = 0
-        self._acked = 0
-        self._frames: deque[tuple[int, int]] = deque()
-        self._open_first: int | None = None
+        self._flight = InFlight()  # the link's bytes against the budget
         self._last_flush = 0.0
         self._start_at: int | None = None  # the byte total that acknowledges a START
         self._lost_from: int | None = None  # in an outage since this seq
@@ -159,7 +93,7 @@ class Handoff:
         link = self._try_launch(now, first=True)
         if link is not None:
             if self._send(link, packb((Message.START, 0, self._wall(), 0, None, PROTOCOL)), 0):
-                self._start_at = self._sent
+                self._start_at = self._flight.sent
                 self._flush(link)
             else:
                 self._outage(0, "the recorder did not take its start")
@@ -183,10 +117,7 @@ class Handoff:
     @property
     def held_bytes(self) -> int:
         """What counts against the budget now (see the module docstring)."""
-        held = self._sent - self._acked + len(self._frames) * FRAME_BYTES
-        if self._open_first is not None:  # its buffer: over-allocated by an eighth at most
-            held += FRAME_BYTES + (self._sent - self._flushed) // 8
-        return held
+        return self._flight.held_bytes
 
     # -- the scheduler thread's calls ----------------------------------------
 
@@ -255,7 +186,7 @@ class Handoff:
         summary = state_summary(state) if state is not None and lost_from is None else None
         message = packb((Message.END, seq, self._wall(), summary, lost_from))
         if link is not None and self._send(link, message, seq):
-            self._end_at = self._sent
+            self._end_at = self._flight.sent
             self._flush(link)
 
     def _failed(self, error: Exception, end_seq: int) -> None:
@@ -285,13 +216,13 @@ class Handoff:
         if link is None or self._end_at is None:
             return False
         deadline = time.monotonic() + self._end_wait_s  # a real wait, whatever the clock
-        while self._acked < self._end_at and time.monotonic() < deadline:
+        while self._flight.acked < self._end_at and time.monotonic() < deadline:
             self._take_replies(link)
             if link.exit_code() is not None:
                 break
             time.sleep(0.005)
         self._take_replies(link)
-        return self._acked >= self._end_at
+        return self._flight.acked >= self._end_at
 
     def finish(self) -> bool:
         """At vLLM's shutdown, after :meth:`close`: :meth:`wait_for_end`, then
@@ -314,11 +245,11 @@ class Handoff:
     def flush_if_idle(self) -> None:
         """Hand over a frame left open for ``flush_every_s`` or more; never
         waits for the scheduler thread (it skips a turn instead)."""
-        if self._open_first is None or not self._lock.acquire(blocking=False):
+        if self._flight.open_first is None or not self._lock.acquire(blocking=False):
             return
         try:
             link = self._link
-            if (link is not None and self._open_first is not None
+            if (link is not None and self._flight.open_first is not None
                     and self._clock() - self._last_flush >= self._flush_every_s):
                 self._flush(link)
         finally:
@@ -374,28 +305,21 @@ class Handoff:
         if link is None or self._lost_from is not None:
             self._outage(first_seq, "")
             return
-        if not self._fits(len(message)):
+        if not self._flight.fits(len(message), self._budget):
             self._outage(first_seq, "the recorder is not keeping up: the hand-off budget "
                          f"({self._budget} bytes) is full")
             return
         if not self._send(link, message, first_seq):
             self._outage(first_seq, "the recorder's socket refused a message")
 
-    def _fits(self, size: int) -> bool:
-        """Whether a message of ``size`` bytes keeps what is held within the budget."""
-        opening = FRAME_BYTES if self._open_first is None else 0
-        return self.held_bytes + opening + growth(size) <= self._budget
-
     def _send(self, link: Link, message: bytes, first_seq: int) -> bool:
         """Append ``message`` (its events from ``first_seq``) to the open frame;
         hand the frame over once it reaches :data:`COALESCE_BYTES`."""
         if not link.send(message):
             return False
-        self._sent += len(message)
-        if self._open_first is None:
-            self._open_first = first_seq
+        open_bytes = self._flight.take(len(message), first_seq)
         self._note_held()
-        if self._sent - self._flushed >= COALESCE_BYTES:
+        if open_bytes >= COALESCE_BYTES:
             self._flush(link)
         return True
 
@@ -408,16 +332,14 @@ class Handoff:
     def _flush(self, link: Link) -> None:
         """Hand the open frame to ZeroMQ; if it refuses, the frame's events
         fall into an outage (and its bytes, never sent, out of the count)."""
-        first = self._open_first
+        first = self._flight.open_first
         if first is None:
             return
-        self._open_first = None
         self._last_flush = self._clock()
-        if link.flush():
-            self._frames.append((self._sent, first))
-            self._flushed = self._sent
+        handed = link.flush()
+        self._flight.flushed_frame(handed)
+        if handed:
             return
-        self._sent = self._flushed
         self._note_held()
         self._outage(first, "the recorder's socket refused a message")
 
@@ -443,7 +365,7 @@ class Handoff:
     def _take_replies(self, link: Link) -> None:
         for reply in link.replies():
             if reply[0] == Reply.ACK:
-                self._acked = max(self._acked, int(reply[1]))
+                self._flight.acknowledge(int(reply[1]))
                 if len(reply) > 2 and reply[2] is not None:
                     self.recorder_stats = dict(reply[2])
             elif reply[0] == Reply.RESYNC:
@@ -453,11 +375,7 @@ class Handoff:
             elif reply[0] == Reply.FAILED and len(reply) > 2:
                 self._failure = (str(reply[1]), str(reply[2]))
                 self._start_at = None  # that START was refused: the recorder is not up
-        frames = self._frames
-        acked = self._acked
-        while frames and frames[0][0] <= acked:
-            frames.popleft()
-        if self._start_at is not None and acked >= self._start_at:
+        if self._start_at is not None and self._flight.acked >= self._start_at:
             # A recorder took its START in: it is up; the next failure is news.
             self._start_at = None
             self._restart.reset()
@@ -466,8 +384,9 @@ class Handoff:
 
     def _died(self, link: Link, code: int, now: float) -> None:
         self._take_replies(link)  # a FAILED sent just before it exited
-        first = self._frames[0][1] if self._frames else (
-            self._open_first if self._open_first is not None else self._cursor.batch_seq)
+        first = self._flight.first_unacknowledged()
+        if first is None:
+            first = self._cursor.batch_seq
         delay = self._restart.take(now)
         failure, self._failure = self._failure, None
         if failure is not None:
@@ -488,9 +407,7 @@ class Handoff:
                          f"trying again in {delay:g} s", cause=f"launch {error!r}")
             return None
         self._link = link
-        self._sent = self._flushed = self._acked = 0
-        self._frames.clear()
-        self._open_first = None
+        self._flight = InFlight()
         self._next_liveness = now + self._liveness_every_s
         if not first:  # only after a death or a failed launch: in an outage, so the
             # new recorder's first message is the START that ends it
@@ -509,7 +426,7 @@ class Handoff:
         if now < self._resume_at or now < self._snapshot_backoff.due_at or (
                 resync_only and now < self._resync_backoff.due_at):
             return
-        if self._sent - self._acked > self._budget // 2:
+        if self._flight.sent - self._flight.acked > self._budget // 2:
             return  # a snapshot walks the state: not while the recorder is still full
         self._resume_at = now + self._liveness_every_s
         try:
@@ -518,14 +435,14 @@ class Handoff:
         except Exception as error:  # a bug; stay in the outage, the warning says why
             self._outage(lost_from, f"the state snapshot failed ({error!r})")
             return
-        if not self._fits(len(message)):
+        if not self._flight.fits(len(message), self._budget):
             needed = FRAME_BYTES + growth(len(message))  # with nothing else held
             if needed > self._budget:
                 self._too_large(needed, lost_from, now)
             return
         if not self._send(link, message, seq):
             return
-        self._start_at = self._sent
+        self._start_at = self._flight.sent
         self._flush(link)
         if resync_only:
             self._resync_backoff.take(now)
@@ -567,7 +484,6 @@ class Handoff:
         self._warn(f"event log: {why or 'the recorder is gone'}; serving continues, the "
                    "events are counted and the log records them as a GAP when recording "
                    "resumes")
-
 
 
 def _flush_when_idle(ref: weakref.ref[Handoff], period_s: float) -> None:

@@ -501,12 +501,12 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
     handoff.record(drive(state, step, lambda c: None), state)  # due: handed over
     step = attrs.evolve(step, time_s=1.0)
     handoff.record(drive(state, step, lambda c: None), state)  # within the hour: held
-    assert link.flushes == 2 and handoff._open_first is not None
+    assert link.flushes == 2 and handoff._flight.open_first is not None
     handoff._flush_every_s = 0.01  # the engine is idle from here on
     threading.Thread(target=module_flush_when_idle, args=(weakref.ref(handoff), 0.01),
                      daemon=True).start()
     assert flushed.wait(10.0), "the idle engine's last step was never handed over"
-    assert handoff._frames and handoff._open_first is None
+    assert handoff._flight.frames and handoff._flight.open_first is None
 
 
 def _unpacked_into(replies: list[Any], message: bytes) -> None:

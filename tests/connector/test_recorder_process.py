@@ -343,7 +343,7 @@ def test_a_stopped_recorder_and_tiny_steps_hold_no_more_than_the_budget(
             ("handoff.py", "supervisor.py")]
     grown = sum(stat.size_diff for stat in after.filter_traces(ours).compare_to(
         before.filter_traces(ours), "filename"))
-    in_zeromq = h._sent - h._acked  # ZeroMQ's copies of the frames, not traced
+    in_zeromq = h._flight.sent - h._flight.acked  # ZeroMQ's copies of the frames, not traced
     assert h.events_lost > 10_000  # the budget filled: an outage
     assert grown + in_zeromq <= budget, (grown, in_zeromq)
     assert h.held_bytes >= grown + in_zeromq and h.stats.bytes_in_flight_max <= budget
