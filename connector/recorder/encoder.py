@@ -69,7 +69,7 @@ from offload_fsm.log.wire import to_wire
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = ["NEW_FILE", "InputsBatch", "RecordEncoder", "batchable", "events_of"]
+__all__ = ["NEW_FILE", "InputsBatch", "RecordEncoder"]
 
 NEW_FILE: Final = (HEADER,)
 _BATCHED: Final = frozenset((INPUTS, DIGEST, GAP, REJECTED))
@@ -84,23 +84,6 @@ class InputsBatch:
 
     items: list[Any]
     read_ids: dict[int, tuple[int, ...]]
-
-
-def batchable(item: Any) -> bool:
-    """Headers, snapshots, indexes and the END go on their own (the reader
-    finds them without inflating anything)."""
-    return item[0] in _BATCHED
-
-
-def events_of(item: Any) -> int:
-    """How many events a queued item carries (what a GAP counts when it is lost)."""
-    kind = item[0]
-    if kind == INPUTS:
-        batch = item[3]
-        if type(batch) is InputsBatch:
-            return len(batch.items) // 2
-        return sum(map(len, batch))
-    return 1 if kind == REJECTED else 0
 
 
 class RecordEncoder:
@@ -132,6 +115,29 @@ class RecordEncoder:
         self._segment_key: int | None = 0  # see log.records.Index.key
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
+
+    # -- what the writer asks (``connector.recorder.writer.Encoder``) ---------
+
+    def batchable(self, item: Any) -> bool:
+        """With compression, INPUTS, DIGEST, GAP and REJECTED go into BATCH
+        records; headers, snapshots, indexes and the END go on their own
+        (the reader finds them without inflating anything)."""
+        return self._compress_level > 0 and type(item) is tuple and item[0] in _BATCHED
+
+    def events_of(self, item: Any) -> int:
+        """How many events a queued item carries (what a GAP counts when it is lost)."""
+        kind = item[0]
+        if kind == INPUTS:
+            batch = item[3]
+            if type(batch) is InputsBatch:
+                return len(batch.items) // 2
+            return sum(map(len, batch))
+        return 1 if kind == REJECTED else 0
+
+    def weight(self, item: Any) -> int:
+        """What a queued item weighs: an INPUTS item what its caller said
+        (``EventRecorder.record_batch``'s ``size_bytes``)."""
+        return item[4] if type(item) is tuple and item[0] == INPUTS else 0
 
     def pack(self, payloads: list[bytes]) -> bytes:
         """The writer's batch: one BATCH record of the segment's zlib stream."""

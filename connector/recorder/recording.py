@@ -83,13 +83,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
-from connector.recorder.encoder import (
-    NEW_FILE,
-    InputsBatch,
-    RecordEncoder,
-    batchable,
-    events_of,
-)
+from connector.recorder.encoder import InputsBatch, RecordEncoder
 from connector.recorder.stream import LiveStream
 from connector.recorder.writer import EventLogWriter, default_prefix
 from offload_fsm.digest import state_digest
@@ -104,12 +98,6 @@ from offload_fsm.vocabulary.events import Event
 __all__ = ["EventRecorder", "installed_versions"]
 
 _log = logging.getLogger(__name__)
-
-
-def _weight(item: Any) -> int:
-    """What a queued item weighs in the writer's queue: an INPUTS item what
-    :meth:`EventRecorder.record_batch` was told (``size_bytes``)."""
-    return item[4] if type(item) is tuple and item[0] == INPUTS else 0
 
 
 def installed_versions() -> dict[str, str]:
@@ -187,13 +175,10 @@ class EventRecorder:
         if prefix is None and engine_index:  # several engines share one directory
             prefix = f"{default_prefix()}-engine{engine_index}"
         self._writer = EventLogWriter(
-            directory, encode=encoder, make_header=lambda: NEW_FILE,
-            make_gap=lambda count: (GAP, count), prefix=prefix,
-            max_file_bytes=max_file_bytes, max_total_bytes=max_total_bytes,
-            auto_rotate=False, item_events=events_of, retry_interval_s=retry_interval_s,
-            register_atexit=register_atexit,
-            pack=encoder.pack if compress_level else None, batchable=batchable,
-            item_bytes=_weight, queue_max_bytes=queue_max_bytes, io_stall_s=io_stall_s)
+            directory, encoder=encoder, prefix=prefix, max_file_bytes=max_file_bytes,
+            max_total_bytes=max_total_bytes, auto_rotate=False,
+            retry_interval_s=retry_interval_s, register_atexit=register_atexit,
+            queue_max_bytes=queue_max_bytes, io_stall_s=io_stall_s)
 
     @property
     def enabled(self) -> bool:

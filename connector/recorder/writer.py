@@ -1,19 +1,11 @@
 """The recorder's writer thread: framed records into rotating files.
 
-Log files
----------
-A writer appends framed records (see :mod:`offload_fsm.log.framing`) to files
-``<directory>/<prefix>-<seqno:06d>.lolog`` (named by :mod:`offload_fsm.log.names`),
-seqno starting at ``000000`` (after the last existing file of the prefix).
-The default prefix is ``<UTC timestamp>-<pid>``.  When appending the next
-record would push the current file past ``max_file_bytes`` the file is
-flushed, fsynced and closed, and the next seqno is opened.
-
-**Every file starts with a header record** whose payload is
-``encode(make_header())``, written before anything else in that file.  The
-header carries whatever the caller needs to interpret the file (schema
-version, config, a state snapshot, ...), so each file is replayable on its
-own, without its predecessors.
+A writer appends framed records (``offload_fsm.log.framing``) to the files
+of its run (``connector.recorder.files``; the default prefix is ``<UTC
+timestamp>-<pid>``), each starting with its header (:meth:`Encoder.header`).
+A file past ``max_file_bytes`` asks the producer for a rotation
+(:attr:`EventLogWriter.rotation_due`; with ``auto_rotate`` it rotates by
+itself), so the next file can start with the producer's snapshot.
 
 Contract towards the caller (the recorder process's main thread)
 ----------------------------------------------------------------
@@ -22,21 +14,21 @@ Contract towards the caller (the recorder process's main thread)
   writing happen on a daemon background thread. The queue's bound is its
   caller's: the recorder process takes nothing more from the engine while
   :attr:`EventLogWriter.busy` (half of ``queue_max_bytes``, each item
-  weighing what ``item_bytes`` says), so what waits stays within the
+  weighing what :meth:`Encoder.weight` says), so what waits stays within the
   engine's hand-off budget, the one place that drops and counts events
   (``connector.handoff``). This writer loses events only to its disk (an
   I/O error, a stall: below), and the log says so with a GAP. An item that
   fails to encode is counted in ``items_lost``, warned about once, and
-  replaced by ``make_gap(events)``.
+  replaced by a GAP of its events.
 * Writes are buffered and flushed to the OS every ``flush_interval_s`` or
   ``flush_bytes``; files are fsynced on rotation and on :meth:`close`.
   ``close`` is idempotent and registered with :mod:`atexit`, so a normal
   interpreter exit drains the queue and flushes.  A crash loses at most the
   queued/unflushed tail and leaves at most a torn last record, which
   :func:`offload_fsm.log.framing.scan` reports as damage and skips.
-* With ``pack``, consecutive items for which ``batchable(item)`` holds are
-  encoded into one pending batch, written as the single record
-  ``pack(payloads)`` (the caller compresses there) at the next flush, when
+* Consecutive items the encoder calls batchable are encoded into one
+  pending batch, written as the single record :meth:`Encoder.pack` makes
+  (compressed there) at the next flush, when
   ``batch_bytes`` of payloads are pending, or before the next item that is
   not batchable (that one is written on its own). A batch closes early when
   the file would reach ``max_file_bytes`` with it (so rotation keeps its
@@ -55,7 +47,6 @@ Contract towards the caller (the recorder process's main thread)
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import logging
 import os
@@ -64,11 +55,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, Protocol
 
-from connector.recorder.retention import Retention, discard, private, private_directory
+from connector.recorder.files import LogFiles
 from offload_fsm.log.framing import frame
-from offload_fsm.log.names import file_name, parse_file_name
 
 __all__ = [
     "EventLogWriter",
@@ -97,8 +87,30 @@ class _Rotate:
         self.item = item
 
 
-def _one(item: object) -> int:
-    return 1
+class Encoder(Protocol):
+    """What the writer asks of its items (the recorder's:
+    ``connector.recorder.encoder.RecordEncoder``)."""
+
+    def __call__(self, item: Any) -> bytes:
+        """The payload of ``item``."""
+
+    def header(self) -> bytes:
+        """The payload of the header of a file the writer opens."""
+
+    def gap(self, lost: int) -> bytes:
+        """The payload of a GAP for ``lost`` events the writer dropped."""
+
+    def pack(self, payloads: list[bytes]) -> bytes:
+        """One record's payload holding ``payloads`` (a BATCH)."""
+
+    def batchable(self, item: Any) -> bool:
+        """Whether ``item`` joins the pending batch (else it is written alone)."""
+
+    def events_of(self, item: Any) -> int:
+        """How many events ``item`` carries (what a GAP counts when it is lost)."""
+
+    def weight(self, item: Any) -> int:
+        """What ``item`` weighs in the queue (see :attr:`EventLogWriter.busy`)."""
 
 
 _GAP_WEIGHT = -1  # stands for a gap record among a pending batch's weights
@@ -111,25 +123,19 @@ class EventLogWriter:
         self,
         directory: str | os.PathLike[str],
         *,
-        encode: Callable[[object], bytes],
-        make_header: Callable[[], object],
-        make_gap: Callable[[int], object],
+        encoder: Encoder,
         warn: Callable[[str], None] | None = None,
         prefix: str | None = None,
         max_file_bytes: int = 64 * 1024 * 1024,
         max_total_bytes: int | None = None,
         auto_rotate: bool = True,
-        item_events: Callable[[object], int] | None = None,
         retry_interval_s: float = 1.0,
         probe_bytes: int = 64 * 1024,
         flush_interval_s: float = 0.2,
         flush_bytes: int = 1 << 20,
         idle_poll_s: float = 0.01,
         register_atexit: bool = True,
-        pack: Callable[[list[bytes]], bytes] | None = None,
-        batchable: Callable[[object], bool] | None = None,
         batch_bytes: int = 256 * 1024,
-        item_bytes: Callable[[object], int] | None = None,
         queue_max_bytes: int = 64 * 1024 * 1024,
         io_stall_s: float = 10.0,
     ) -> None:
@@ -137,29 +143,20 @@ class EventLogWriter:
             raise ValueError("max_file_bytes must be >= 1")
         if max_total_bytes is not None and max_total_bytes < 1:
             raise ValueError("max_total_bytes must be >= 1 (or None: unbounded)")
-        self._dir = Path(directory)
-        self._encode = encode
-        self._make_header = make_header
-        self._make_gap = make_gap
+        self._encoder = encoder
         self._warn = warn if warn is not None else _log.warning
         self.prefix = prefix if prefix is not None else default_prefix()
-        self._item_bytes = item_bytes
         self._queue_max_bytes = queue_max_bytes
         self._bytes_in = 0  # producer: bytes of the items it queued (``item_bytes``)
         self._bytes_out = 0  # writer thread: of those it took
         self._io_stall_s = io_stall_s
-        self._io_since = 0.0  # writer thread: when its pending write/flush/fsync began
         self._max_file_bytes = max_file_bytes
-        self._max_total_bytes = max_total_bytes
         self._auto_rotate = auto_rotate
-        self._item_events = item_events if item_events is not None else _one
         self._retry_interval_s = retry_interval_s
         self._probe_bytes = probe_bytes
         self._flush_interval_s = flush_interval_s
         self._flush_bytes = flush_bytes
         self._idle_poll_s = idle_poll_s
-        self._pack = pack
-        self._batchable = batchable if pack is not None else None
         self._batch_max_bytes = batch_bytes
         self._batch: list[bytes] = []  # writer thread: encoded payloads not yet written
         # Their items' events (``_GAP_WEIGHT``: a gap record), for the loss
@@ -179,9 +176,7 @@ class EventLogWriter:
         # Writer-thread state.
         self._items_written = 0
         self.writing = False  # the writer thread holds an item (testkit.pacing reads it)
-        self._records_written = 0
         self._gaps_written = 0
-        self._bytes_written = 0
         self._encode_errors = 0
         self._warned_encode = False
         self._warned_plain_rotation = False
@@ -191,23 +186,13 @@ class EventLogWriter:
         self._due = False  # the writer wants a rotation (size bound, or space is back)
         self._due_since = 0.0
         self._resumes = 0
-        self._files: list[Path] = []
-        self._seqno = -1
-        self._file: BinaryIO | None = None
-        self._file_bytes = 0
-        self._file_records = 0
         self._unflushed = 0
         self._last_flush = time.monotonic()
 
         # Open the first file here, on the caller's thread, so that a bad
         # directory or a failing header/encode raises at construction.
-        private_directory(self._dir, self._warn)
-        self._retention = Retention(self._dir, max_total_bytes, self._warn)
-        # A writer that takes over a run (a restarted recorder) goes on after
-        # the run's last file.
-        taken = [parsed[1] for parsed in map(parse_file_name, os.listdir(self._dir))
-                 if parsed is not None and parsed[0] == self.prefix]
-        self._seqno = max(taken, default=-1)
+        self._disk = LogFiles(Path(directory), self.prefix, max_total_bytes=max_total_bytes,
+                              buffer_bytes=flush_bytes, warn=self._warn)
         self._open_next_file()
 
         self._wake = threading.Event()
@@ -227,10 +212,10 @@ class EventLogWriter:
         if self._closing:
             self._lose("append() after close(); item dropped")
             return
-        if self._io_since and time.monotonic() - self._io_since > self._io_stall_s:
+        since = self._disk.io_since
+        if since and time.monotonic() - since > self._io_stall_s:
             self._stalled()
-        if self._item_bytes is not None:
-            self._bytes_in += self._item_bytes(item)
+        self._bytes_in += self._encoder.weight(item)
         self._queue.append(item)
 
     @property
@@ -247,7 +232,7 @@ class EventLogWriter:
             self._broken = TimeoutError(f"a write has not returned for {self._io_stall_s:g} s")
             self._outage_lost = 0
             self._next_retry = time.monotonic() + self._retry_interval_s
-            self._warn(f"event log: a write to {self._dir} has not returned for "
+            self._warn(f"event log: a write to {self._disk.directory} has not returned for "
                        f"{self._io_stall_s:g} s (a hung disk?); events are dropped and "
                        "counted; the log resumes in a new file when writes succeed")
 
@@ -293,7 +278,7 @@ class EventLogWriter:
     @property
     def records_written(self) -> int:
         """All records written, including headers and gap markers."""
-        return self._records_written
+        return self._disk.records_written
 
     @property
     def gaps_written(self) -> int:
@@ -302,7 +287,7 @@ class EventLogWriter:
     @property
     def bytes_written(self) -> int:
         """Framed bytes handed to the OS or buffered for it, over all files."""
-        return self._bytes_written
+        return self._disk.bytes_written
 
     @property
     def encode_errors(self) -> int:
@@ -316,7 +301,7 @@ class EventLogWriter:
     @property
     def files(self) -> tuple[Path, ...]:
         """Paths of the files opened so far, in order (deleted ones included)."""
-        return tuple(self._files)
+        return tuple(self._disk.paths)
 
     @property
     def queue_len(self) -> int:
@@ -335,13 +320,13 @@ class EventLogWriter:
         return {
             "items_written": self._items_written,
             "items_lost": self._items_lost,
-            "records_written": self._records_written,
+            "records_written": self._disk.records_written,
             "gaps_written": self._gaps_written,
-            "bytes_written": self._bytes_written,
+            "bytes_written": self._disk.bytes_written,
             "encode_errors": self._encode_errors,
-            "files": len(self._files),
-            "files_deleted": self._retention.files_deleted,
-            "bytes_deleted": self._retention.bytes_deleted,
+            "files": len(self._disk.paths),
+            "files_deleted": self._disk.retention.files_deleted,
+            "bytes_deleted": self._disk.retention.bytes_deleted,
             "resumes": self._resumes,
             "queue_len": len(self._queue),
             "pack_us": round(self._pack_s * 1e6),
@@ -392,9 +377,9 @@ class EventLogWriter:
         q = self._queue
         popleft = q.popleft
         write_item = self._write_item
-        item_bytes = self._item_bytes
+        weight = self._encoder.weight
         monotonic = time.monotonic
-        self._enforce_retention()
+        self._disk.enforce_retention()
         try:
             while True:
                 n = 0
@@ -404,8 +389,7 @@ class EventLogWriter:
                         item = popleft()
                     except IndexError:
                         break
-                    if item_bytes is not None:
-                        self._bytes_out += item_bytes(item)
+                    self._bytes_out += weight(item)
                     write_item(item)
                     n += 1
                 self.writing = False
@@ -431,7 +415,7 @@ class EventLogWriter:
 
     def _weigh(self, item: object) -> int:
         try:
-            return self._item_events(item)
+            return self._encoder.events_of(item)
         except Exception:  # a weight is bookkeeping; never let it stop the writer
             return 1
 
@@ -444,8 +428,7 @@ class EventLogWriter:
             self._items_lost += 1
             self._outage_lost += self._weigh(item)
             return
-        batchable = self._batchable
-        if batchable is not None and batchable(item):
+        if self._encoder.batchable(item):
             self._add_to_batch(item)
             return
         self._close_batch()
@@ -454,7 +437,7 @@ class EventLogWriter:
             return
         is_gap = False
         try:
-            record = frame(self._encode(item))
+            record = frame(self._encoder(item))
         except Exception as exc:
             self._encode_errors += 1
             self._items_lost += 1
@@ -465,7 +448,7 @@ class EventLogWriter:
             if not lost:
                 return
             try:
-                record = frame(self._encode(self._make_gap(lost)))
+                record = frame(self._encoder.gap(lost))
             except Exception:
                 return
             is_gap = True
@@ -484,7 +467,7 @@ class EventLogWriter:
     def _add_to_batch(self, item: object) -> None:
         is_gap = False
         try:
-            payload = self._encode(item)
+            payload = self._encoder(item)
         except Exception as exc:
             self._encode_errors += 1
             if not self._warned_encode:
@@ -495,7 +478,7 @@ class EventLogWriter:
             if not lost:
                 return
             try:
-                payload = self._encode(self._make_gap(lost))
+                payload = self._encoder.gap(lost)
             except Exception:
                 return
             is_gap = True
@@ -503,7 +486,7 @@ class EventLogWriter:
         self._batch_weights.append(_GAP_WEIGHT if is_gap else self._weigh(item))
         self._batch_bytes += len(payload)
         if (self._batch_bytes >= self._batch_max_bytes
-                or self._file_bytes + self._batch_bytes >= self._max_file_bytes):
+                or self._disk.file_bytes + self._batch_bytes >= self._max_file_bytes):
             self._close_batch()
 
     def _close_batch(self) -> None:
@@ -512,10 +495,9 @@ class EventLogWriter:
             return
         payloads, weights = self._batch, self._batch_weights
         self._batch, self._batch_weights, self._batch_bytes = [], [], 0
-        assert self._pack is not None
         started = time.perf_counter()
         try:
-            record = frame(self._pack(payloads))
+            record = frame(self._encoder.pack(payloads))
         except Exception as exc:
             self._encode_errors += 1
             if not self._warned_encode:
@@ -533,8 +515,8 @@ class EventLogWriter:
         as the bounds say.
         A batch never starts a file it was not packed for: it goes in the
         current file, and the rotation (if due) follows it."""
-        if (not batch and self._file_records
-                and self._file_bytes + len(record) > self._max_file_bytes):
+        if (not batch and self._disk.file_records
+                and self._disk.file_bytes + len(record) > self._max_file_bytes):
             if self._auto_rotate:
                 self._rotate()
             elif self._producer_late(len(record)):
@@ -551,8 +533,8 @@ class EventLogWriter:
         gaps = 1 if is_gap else weights.count(_GAP_WEIGHT)
         self._gaps_written += gaps
         self._items_written += len(weights) - gaps
-        self._file_records += 1
-        if self._file_bytes >= self._max_file_bytes:
+        self._disk.file_records += 1
+        if self._disk.file_bytes >= self._max_file_bytes:
             if not self._auto_rotate:
                 self._set_due()
                 if batch and self._producer_late(0):
@@ -569,7 +551,7 @@ class EventLogWriter:
         ``more_bytes``) is past twice the bound. (A queued rotation is coming:
         the items before it go here.)"""
         return (not self._rotate_pending
-                and self._file_bytes + more_bytes > 2 * self._max_file_bytes
+                and self._disk.file_bytes + more_bytes > 2 * self._max_file_bytes
                 and time.monotonic() - self._due_since > _PRODUCER_PATIENCE_S)
 
     def _plain_rotation(self) -> None:
@@ -591,10 +573,10 @@ class EventLogWriter:
         gap = None
         self._close_batch()  # the batch belongs to the file (and segment) before ``first``
         try:
-            record = frame(self._encode(first)) if first is not None else None
+            record = frame(self._encoder(first)) if first is not None else None
             if record is not None and self._broken is not None and self._outage_lost:
                 # Encoded after ``first`` (whose place it tells), written before it.
-                gap = frame(self._encode(self._make_gap(self._outage_lost)))
+                gap = frame(self._encoder.gap(self._outage_lost))
         except Exception as exc:
             self._encode_errors += 1
             if not self._warned_encode:
@@ -608,33 +590,16 @@ class EventLogWriter:
             return
         self._resume(gap, record)
 
-    # ------------------------------------------------------------ I/O failure
+    # ------------------------------------------------------------ the disk
 
     def _probe(self) -> None:
-        """While broken: can the directory take writes again? Writes, syncs and
-        deletes a ``probe_bytes`` scratch file; on success asks the producer
-        for a rotation (its snapshot starts the resumed file)."""
+        """While broken: can the directory take writes again? On success asks
+        the producer for a rotation (its snapshot starts the resumed file)."""
         self._next_retry = time.monotonic() + self._retry_interval_s
-        stalled, self._file = self._file, None  # broken by a stall: the file was left open
-        if stalled is not None:
-            with contextlib.suppress(OSError):
-                stalled.close()
-        path = self._dir / f".{self.prefix}.probe"
-        try:
-            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # a link planted here is removed, never followed
-            with _open(path, "xb", opener=private) as f:
-                f.write(b"\0" * self._probe_bytes)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError:
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        self._enforce_retention()  # before the new file, not after: make room first
-        self._set_due()
+        self._disk.drop()  # broken by a stall: the file was left open
+        if self._disk.probe(self._probe_bytes):
+            self._disk.enforce_retention()  # before the new file, not after: make room first
+            self._set_due()
 
     def _resume(self, gap: bytes | None, record: bytes | None) -> None:
         """Open the next file with header, gap and ``record``, synced; on any
@@ -643,30 +608,12 @@ class EventLogWriter:
         self._next_retry = time.monotonic() + self._retry_interval_s
         if record is None:
             return  # nothing to resume from (the snapshot did not encode)
-        seqno = self._seqno + 1
-        path = self._dir / file_name(self.prefix, seqno)
         try:
-            header = frame(self._encode(self._make_header()))
-            with contextlib.ExitStack() as cleanup:
-                f = _open(path, "xb", buffering=max(self._flush_bytes, 8192), opener=private)
-                self._retention.hold(f, path)
-                cleanup.callback(discard, f, path)
-                for part in (header, gap, record):
-                    if part is not None:
-                        f.write(part)
-                f.flush()
-                os.fsync(f.fileno())
-                cleanup.pop_all()
+            header = frame(self._encoder.header())
+            path = self._disk.open_resumed([part for part in (header, gap, record)
+                                            if part is not None])
         except Exception:  # OSError: still no room; anything else: try again later
             return
-        size = len(header) + len(record) + (len(gap) if gap is not None else 0)
-        self._seqno = seqno
-        self._file = f
-        self._files.append(path)
-        self._file_bytes = size
-        self._file_records = 1
-        self._bytes_written += size
-        self._records_written += 2 + (gap is not None)
         self._gaps_written += gap is not None
         self._items_written += 1
         self._last_flush = time.monotonic()
@@ -677,34 +624,22 @@ class EventLogWriter:
         self._warn(f"event log: resumed in {path} after {lost} lost event(s)")
 
     def _write_record(self, record: bytes) -> None:
-        f = self._file
-        assert f is not None
-        self._io_since = time.monotonic()
         try:
-            f.write(record)
+            self._disk.write(record)
         except OSError as exc:
             self._fail(exc)
             return
-        finally:
-            self._io_since = 0.0
-        n = len(record)
-        self._file_bytes += n
-        self._bytes_written += n
-        self._unflushed += n
-        self._records_written += 1
+        self._unflushed += len(record)
 
     def _flush(self) -> None:
         self._close_batch()
         self._unflushed = 0
         self._last_flush = time.monotonic()
-        if self._file is not None and self._broken is None:
-            self._io_since = time.monotonic()
+        if self._broken is None:
             try:
-                self._file.flush()
+                self._disk.flush()
             except OSError as exc:
                 self._fail(exc)
-            finally:
-                self._io_since = 0.0
 
     def _fail(self, exc: BaseException) -> None:
         """An I/O error: stop writing, drop (and count) what comes, close the
@@ -713,44 +648,29 @@ class EventLogWriter:
         self._due = False
         self._outage_lost = 0
         self._next_retry = time.monotonic() + self._retry_interval_s
+        paths = self._disk.paths
         self._warn(
-            f"event log: I/O error on {self._files[-1] if self._files else self._dir}: "
+            f"event log: I/O error on {paths[-1] if paths else self._disk.directory}: "
             f"{exc!r}; events are dropped and counted in items_lost; retrying every "
             f"{self._retry_interval_s:g}s, the log resumes in a new file when writes succeed"
         )
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(OSError):
-                f.close()  # flushing again may fail; the descriptor is closed anyway
+        self._disk.drop()
         self._unflushed = 0
         for weight in self._batch_weights:
             self._lose_weight(weight)
         self._batch, self._batch_weights, self._batch_bytes = [], [], 0
 
     def _close_file(self) -> None:
-        if self._broken is None and self._file is not None:
+        if self._broken is None and self._disk.file is not None:
             self._close_batch()
-        f = self._file
-        self._file = None
-        if f is None:
+        self._unflushed = 0
+        if self._broken is not None:
+            self._disk.drop()
             return
-        self._io_since = time.monotonic()
         try:
-            if self._broken is None:
-                f.flush()
-                os.fsync(f.fileno())
+            self._disk.sync_close()
         except OSError as exc:
-            self._file = f
             self._fail(exc)
-            return
-        finally:
-            self._unflushed = 0
-            self._io_since = 0.0
-        try:
-            f.close()
-        except OSError as exc:
-            if self._broken is None:
-                self._fail(exc)
 
     def _rotate(self, first: bytes | None = None) -> None:
         """Close the file, open the next (header, then ``first``), apply retention."""
@@ -763,30 +683,17 @@ class EventLogWriter:
             self._fail(exc)
         except Exception as exc:  # make_header/encode failed: file lacks its header
             self._encode_errors += 1
-            self._warn(f"event log: failed to write header of {self._files[-1]}: {exc!r}")
-        if first is not None and self._file is not None and self._broken is None:
+            self._warn(f"event log: failed to write header of {self._disk.paths[-1]}: {exc!r}")
+        if first is not None and self._disk.file is not None and self._broken is None:
             self._write_record(first)
             if self._broken is None:
-                self._file_records += 1
+                self._disk.file_records += 1
                 self._items_written += 1
-        self._enforce_retention()
-
-    def _enforce_retention(self) -> None:
-        current = self._files[-1] if self._file is not None and self._files else None
-        self._retention.enforce(current, self._file_bytes)
+        self._disk.enforce_retention()
 
     def _open_next_file(self) -> None:
-        self._seqno += 1
         self._due = False
-        path = self._dir / file_name(self.prefix, self._seqno)
-        # "x": never clobber an existing log; held while written (retention).
-        self._file = _open(path, "xb", buffering=max(self._flush_bytes, 8192),
-                           opener=private)
-        self._retention.hold(self._file, path)
-        self._files.append(path)
-        self._file_bytes = 0
-        self._file_records = 0
-        self._write_record(frame(self._encode(self._make_header())))
+        self._disk.open_next(frame(self._encoder.header()))
+
 
 _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
-_open = open  # the writer's only way to open files (tests replace it to inject failures)

@@ -15,6 +15,7 @@ import pytest
 from connector.recorder.writer import EventLogWriter
 from offload_fsm.log.framing import Damage, Record, frame, scan, scan_stream
 from replay.reader import run_files
+from tests.connector.plain_encoder import PlainEncoder
 
 HEADER = {"kind": "header", "schema": 1}
 
@@ -37,12 +38,13 @@ class Warnings:
             self.messages.append(message)
 
 
-def _writer(tmp_path: Path, warn: Warnings | None = None, **kw: object) -> EventLogWriter:
+def _writer(tmp_path: Path, warn: Warnings | None = None, **kw: Any) -> EventLogWriter:
+    encoder = PlainEncoder(kw.pop("encode", _encode), lambda: HEADER, _make_gap,
+                           **{key: kw.pop(key) for key in ("pack", "batchable", "item_events",
+                                                           "item_bytes") if key in kw})
     return EventLogWriter(
         tmp_path,
-        encode=kw.pop("encode", _encode),  # type: ignore[arg-type]
-        make_header=lambda: HEADER,
-        make_gap=_make_gap,
+        encoder=encoder,
         warn=warn if warn is not None else Warnings(),
         prefix=kw.pop("prefix", "test"),  # type: ignore[arg-type]
         register_atexit=False,
@@ -203,13 +205,8 @@ def test_torn_tail_after_crash_is_reported_and_skipped(tmp_path: Path) -> None:
 
 
 def test_default_prefix_and_no_clobber(tmp_path: Path) -> None:
-    w = EventLogWriter(
-        tmp_path,
-        encode=_encode,
-        make_header=lambda: HEADER,
-        make_gap=_make_gap,
-        register_atexit=False,
-    )
+    w = EventLogWriter(tmp_path, encoder=PlainEncoder(_encode, lambda: HEADER, _make_gap),
+                       register_atexit=False)
     w.close()
     name = w.files[0].name
     assert name.endswith("-000000.lolog")
@@ -229,8 +226,9 @@ def test_atexit_flushes_on_interpreter_exit(tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
         "from connector.recorder.writer import EventLogWriter\n"
-        "w = EventLogWriter(sys.argv[1], encode=lambda o: json.dumps(o).encode(),\n"
-        "    make_header=lambda: 'H', make_gap=lambda n: ['gap', n], prefix='x',\n"
+        "from tests.connector.plain_encoder import PlainEncoder\n"
+        "w = EventLogWriter(sys.argv[1], encoder=PlainEncoder(\n"
+        "    lambda o: json.dumps(o).encode(), lambda: 'H', lambda n: ['gap', n]), prefix='x',\n"
         "    flush_interval_s=3600, flush_bytes=1 << 30)\n"
         "for i in range(2000):\n"
         "    w.append(i)\n"
@@ -394,11 +392,11 @@ def test_a_write_that_hangs_sends_the_writer_to_broken_mode(
     """A write that has not returned after ``io_stall_s``: the producer's
     next append turns the writer broken (one warning), and what comes is
     dropped and counted instead of queued behind the hung write."""
-    import connector.recorder.writer as eventlog
+    import connector.recorder.files as files
 
     release, entered = threading.Event(), threading.Event()
-    real_open = eventlog._open
-    monkeypatch.setattr(eventlog, "_open", lambda *a, **k: _HangingFile(
+    real_open = files._open
+    monkeypatch.setattr(files, "_open", lambda *a, **k: _HangingFile(
         real_open(*a, **k), release, entered, hang_after=1))  # the header goes through
     warns = Warnings()
     w = _writer(tmp_path, warns, io_stall_s=0.2, flush_bytes=1, item_bytes=_weight)
@@ -481,24 +479,24 @@ def test_a_link_planted_between_the_unlink_and_the_open_is_not_written_through(
     """The race the unlink alone leaves open: another user plants the link
     after it. The exclusive create refuses the existing name; the probe fails
     (the writer stays broken and probes again later) and the target is intact."""
-    import connector.recorder.writer as eventlog
+    import connector.recorder.files as files
 
     target = tmp_path / "victim"
     target.write_bytes(b"keep me")
     logs = tmp_path / "logs"
     w = _writer(logs, probe_bytes=16)
     probe = logs / f".{w.prefix}.probe"
-    real_open = eventlog._open
+    real_open = files._open
 
     def planting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
         if Path(path) == probe:
             probe.symlink_to(target)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(eventlog, "_open", planting_open)
+    monkeypatch.setattr(files, "_open", planting_open)
     try:
         w._probe()
     finally:
-        monkeypatch.setattr(eventlog, "_open", real_open)
+        monkeypatch.setattr(files, "_open", real_open)
         w.close()
     assert target.read_bytes() == b"keep me"
