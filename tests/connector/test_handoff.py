@@ -594,6 +594,19 @@ def _handed_over(requests: int) -> tuple[list[bytes], Any]:
     return sent, world
 
 
+class _Stalled:
+    """The recorder's encoder, its payloads made by ``encode`` (one that stalls)."""
+
+    def __init__(self, encoder: Any, encode: Any) -> None:
+        self._encoder, self._encode = encoder, encode
+
+    def __call__(self, item: Any) -> bytes:
+        return self._encode(item)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._encoder, name)
+
+
 def _recorder(directory: Any, *, budget_bytes: int) -> Any:
     """A recorder (``connector.recorder.Recorder``, in this process) writing to ``directory``."""
     from connector.recorder.process import Recorder
@@ -623,14 +636,14 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     held = threading.Event()
     release = threading.Event()
-    encode = writer._encode
+    encoder = writer._encoder
 
     def stalled(item: Any) -> bytes:  # the writer thread, stuck on its disk
         held.set()
         release.wait(30.0)
-        return encode(item)
+        return encoder(item)
 
-    writer._encode = stalled  # type: ignore[method-assign]
+    writer._encoder = _Stalled(encoder, stalled)
     recorder.handle(sent[1])
     assert held.wait(10.0)
     gc.collect()
@@ -646,7 +659,7 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
         full = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-        writer._encode = encode  # type: ignore[method-assign]
+        writer._encoder = encoder
         release.set()
     deadline = time.monotonic() + 30.0
     while writer.queue_len and time.monotonic() < deadline:
@@ -672,13 +685,13 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
     recorder.handle(sent[0])  # START
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     release = threading.Event()
-    encode = writer._encode
+    encoder = writer._encoder
 
     def stalled(item: Any) -> bytes:
         release.wait(30.0)
-        return encode(item)
+        return encoder(item)
 
-    writer._encode = stalled  # type: ignore[method-assign]
+    writer._encoder = _Stalled(encoder, stalled)
     context = zmq.Context()
     inbound, outbound = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
     try:
@@ -692,7 +705,7 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
         assert recorder.writer_busy and writer.items_lost == 0
     finally:
         release.set()
-        writer._encode = encode  # type: ignore[method-assign]
+        writer._encoder = encoder
         inbound.close(linger=0)
         outbound.close(linger=0)
         context.term()
