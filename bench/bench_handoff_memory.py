@@ -5,7 +5,7 @@
 What it measures, and why: ``connector.handoff`` promises that what the engine
 holds for the log is bounded by its budget, bookkeeping included, however long
 it runs. This drives one :class:`~connector.handoff.Handoff` with a real
-recorder process (``connector.supervisor``) through ``--steps`` scheduler
+recorder process (``connector.handoff.supervisor``) through ``--steps`` scheduler
 steps of the core (``offload_fsm.drive``; a short request now and then, empty
 steps between: the smallest STEP messages, the most bookkeeping per byte) at
 full speed, so the recorder falls behind now and then and outages, resumes and

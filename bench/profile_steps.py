@@ -107,7 +107,7 @@ _SERVING: list[tuple[str, int]] = [("", -1)]
 _ARM_EVENTS: dict[tuple[str, int], dict[str, list[float]]] = {}
 _RUN_LOGS: dict[tuple[str, int], tuple[str, str]] = {}  # run -> (its log's directory, prefix)
 # each recorder launcher's settings (its log's directory and prefix), by the
-# launch function a Handoff holds (``connector.supervisor.launcher``)
+# launch function a Handoff holds (``connector.handoff.supervisor.launcher``)
 _SPECS: dict[Any, dict[str, Any]] = {}
 _UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
 _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)

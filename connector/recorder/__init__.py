@@ -28,7 +28,12 @@ Modules, in the order an event goes through them:
 * :mod:`~connector.recorder.encoder`: items into payloads (compact forms,
   segments, indexes, headers), on the writer thread.
 * :mod:`~connector.recorder.stream`: the live stream (ZeroMQ PUB).
-* :mod:`~connector.recorder.writer`: the writer thread: files, batches,
-  rotation, a failing or stalled disk.
+* :mod:`~connector.recorder.writer`: the writer, the producer's half (the
+  queue, rotation requests, close, counters), and
+  :mod:`~connector.recorder.writer_thread`, its thread's half (batches,
+  placing records, rotation, a failing or stalled disk).
+* :mod:`~connector.recorder.files`: one run's files (open, write, sync, probe).
+* :mod:`~connector.recorder.retention`: the directory's bound across
+  writers (locks, deletion).
 * :mod:`~connector.recorder.ondisk`: where a run's files end.
 """

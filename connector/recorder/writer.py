@@ -1,4 +1,7 @@
-"""The recorder's writer thread: framed records into rotating files.
+"""The recorder's writer: framed records into rotating files, on a thread of its own.
+
+This module is the producer's half (the queue, rotation requests, close,
+counters); the thread's half is ``connector.recorder.writer_thread``.
 
 A writer appends framed records (``offload_fsm.log.framing``) to the files
 of its run (``connector.recorder.files``; the default prefix is ``<UTC

@@ -2,7 +2,7 @@
 
 Pure module: standard library only; no clock, no I/O, no logging. It turns a
 (prefix, seqno) pair into a file name and back; listing a directory is left to
-the caller (``connector.eventlog`` writes and lists, ``replay.reader`` reads).
+the caller (``connector.recorder.files`` writes and lists, ``replay.reader`` reads).
 
 Primitives:
   FILE_SUFFIX            ``".lolog"``

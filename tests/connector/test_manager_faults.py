@@ -41,7 +41,7 @@ class Shell:
 
     def __init__(self, *, log_dir: str | None = None, chunk_tokens: int = 0,
                  **config: Any) -> None:
-        """``log_dir``: record an event log there (``connector.recording``);
+        """``log_dir``: record an event log there (``connector.recorder.recording``);
         ``chunk_tokens``: LMCache's chunk (0: chunk-level dedup off)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()
