@@ -25,11 +25,11 @@ import gc
 import time
 from collections import Counter, defaultdict
 
+from logfiles.scan import Entry, read_log
 from offload_fsm.log.records import Header, Inputs
 from offload_fsm.machine import step
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.events import Event, StepScheduled
-from replay.reader import Entry, read_log
 from replay.runner import config_of
 
 

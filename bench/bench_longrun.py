@@ -39,6 +39,7 @@ import msgpack
 
 from bench.trees import REPO
 from connector.recorder.recording import EventRecorder
+from logfiles.runs import run_files
 from offload_fsm.log.batch import Deflater, Inflater, encode_batch
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.records import BATCH, HEADER, SNAPSHOT
@@ -141,7 +142,7 @@ def _alter_last_check(source: Path, target: Path) -> None:
     schema 4 log: in the last batch holding one, re-deflated with the segment's
     stream from its start, so the file still decodes)."""
     shutil.copytree(source, target)
-    last = sorted(target.glob("*.lolog"))[-1]
+    last = run_files(target)[-1]
     items = [item for item in scan(last.read_bytes()) if isinstance(item, Record)]
     kinds = [msgpack.unpackb(item.payload)[0] for item in items]
     start = max(i for i, kind in enumerate(kinds) if kind in (HEADER, SNAPSHOT))
@@ -200,7 +201,7 @@ def main() -> None:
     events, request = generate(directory, args.steps, seed=args.seed,
                                concurrency=args.concurrency, pool_blocks=args.pool_blocks)
     generate_s = time.perf_counter() - started
-    files = sorted(directory.glob("*.lolog"))
+    files = run_files(directory)
     size = sum(f.stat().st_size for f in files)
     print(f"log: {args.steps:,} steps, {events:,} events, {len(files)} files, {size:,} bytes "
           f"at {directory} (generated in {generate_s:.0f} s)")

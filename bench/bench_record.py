@@ -35,6 +35,7 @@ from typing import Any
 from bench import bench_longrun
 from bench.trees import extracted
 from connector.recorder.recording import EventRecorder
+from logfiles.runs import run_files
 from offload_fsm.log.records import SCHEMA_VERSION
 
 
@@ -63,7 +64,7 @@ def measure(steps: int, seed: int) -> dict[str, Any]:
     events, _ = bench_longrun.generate(directory, steps, seed=seed, concurrency=48,
                                        pool_blocks=4096)
     writer_s = (time.process_time() - cpu) - (time.thread_time() - main)
-    size = sum(path.stat().st_size for path in directory.glob("*.lolog"))
+    size = sum(path.stat().st_size for path in run_files(directory))
     shutil.rmtree(directory)
     ordered = sorted(costs)
     recorder = recorders[0]

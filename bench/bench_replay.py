@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 
 from connector.recorder.recording import EventRecorder
+from logfiles.runs import run_files
+from logfiles.scan import Entry, read_log
 from offload_fsm.machine import step
 from offload_fsm.state import new_state
 from offload_fsm.testing.synthetic import default_config, run_workload
-from replay.reader import Entry, read_log
 from replay.runner import replay
 
 VERSIONS = {"package": "bench", "vllm": "", "lmcache": ""}
@@ -72,7 +73,7 @@ def main() -> None:
     generate_s = time.perf_counter() - started
     events = len(world.applied)
     assert recorder.writer is None
-    size = sum(p.stat().st_size for p in directory.glob("*.lolog"))
+    size = sum(p.stat().st_size for p in run_files(directory))
 
     # Replay (what verify does), best of three.
     replay_s = []

@@ -20,22 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from logfiles.runs import NoRun, run_prefixes
 from replay import diff as diff_mod
 from replay import explain as explain_mod
-from replay import memory, seek
+from replay import explain_text, memory, seek, verify
 from replay import requests as requests_mod
+from replay import step as step_mod
 from replay import summary as summary_mod
 from replay import timeline as timeline_mod
 from replay import whatif as whatif_mod
-from replay.parallel import replay_parallel
-from replay.reader import UsageError, run_prefixes
-from replay.runner import ReplayResult, config_of, replay, spaced_collections
+from replay.runner import config_of, replay, spaced_collections
 from replay.text import DETAIL_CHARS_MAX, SafeWriter, field
-
-EXIT_OK = 0
-EXIT_DIVERGED = 1
-EXIT_USAGE = 2
-EXIT_CORRUPT = 3
+from replay.usage import EXIT_CORRUPT, EXIT_DIVERGED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,58 +155,6 @@ def _tokens(text: str | None) -> tuple[int, int] | None:
     return lo, hi
 
 
-def _problems(result: ReplayResult) -> list[str]:
-    out = [damage.describe() for damage in result.damage]
-    out += result.lost
-    if result.header is None:
-        out.append("no header record: nothing to replay")
-    return out
-
-
-def _report_damage(result: ReplayResult, err: TextIO) -> int:
-    problems = _problems(result)
-    for problem in problems:
-        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
-    return EXIT_CORRUPT if problems else EXIT_OK
-
-
-def _warn_rejected(result: ReplayResult, err: TextIO) -> None:
-    """For the analyses: they cover the events before a rejection."""
-    if result.rejection is not None:
-        print(f"warning: {field(result.rejection.describe(), DETAIL_CHARS_MAX)}; the core "
-              "stopped there, and so does this analysis", file=err)
-
-
-def _verify_json(result: ReplayResult, code: int) -> dict[str, Any]:
-    divergence = result.divergence
-    rejection = result.rejection
-    return {
-        "ok": code == EXIT_OK,
-        "engine_index": result.header.engine_index if result.header is not None else None,
-        "events_applied": result.events_applied,
-        "records": result.records,
-        "digests_checked": result.digests_checked,
-        "snapshots_checked": result.snapshots_checked,
-        "first_seq": result.first_seq,
-        "snapshots_loaded": result.snapshots_loaded,
-        "ended_cleanly": result.ended_cleanly,
-        "vanished": result.vanished,
-        "divergence": None if divergence is None else {
-            "seq": divergence.seq, "kind": divergence.kind,
-            "event": repr(divergence.event), "expected": repr(divergence.expected),
-            "got": repr(divergence.got), "detail": divergence.detail,
-        },
-        "rejection": None if rejection is None else {
-            "seq": rejection.seq, "event": repr(rejection.event),
-            "recorded_reason": rejection.recorded_reason,
-            "reproduced": rejection.reproduced,
-            "reproduced_reason": rejection.reproduced_reason,
-        },
-        "problems": _problems(result),
-        "stopped": result.stopped,
-    }
-
-
 def _runs(args: argparse.Namespace) -> list[str | None]:
     """The runs a command covers: the one ``--prefix`` names, or every run of
     the directory (several engines may share it)."""
@@ -218,83 +162,9 @@ def _runs(args: argparse.Namespace) -> list[str | None]:
 
 
 def _verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Every run of the log, each as :func:`_verify_run` reports it; with
-    several, a line per run and the total."""
     if args.workers < 0:
         raise UsageError("--workers must be >= 0")
-    runs = _runs(args)
-    if len(runs) == 1:
-        return _verify_run(args, runs[0], out, err)[0]
-    codes, results = {}, {}
-    for prefix in runs:
-        assert prefix is not None
-        if not args.json:
-            print(f"== run {prefix}", file=out)
-        codes[prefix], results[prefix] = _verify_run(args, prefix, out, err,
-                                                     json_out=False if args.json else None)
-    code = max(codes.values())
-    events = sum(result.events_applied for result in results.values())
-    if args.json:
-        json.dump({"ok": code == EXIT_OK, "events_applied": events,
-                   "runs": {prefix: _verify_json(results[prefix], codes[prefix])
-                            for prefix in runs if prefix is not None}}, out, indent=2)
-        out.write("\n")
-        return code
-    engines = sorted({result.header.engine_index for result in results.values()
-                      if result.header is not None})
-    print(f"== total: {len(runs)} runs (engines {', '.join(map(str, engines))}), {events} "
-          f"events replayed, {sum(c == EXIT_OK for c in codes.values())} of {len(runs)} OK",
-          file=out)
-    return code
-
-
-def _verify_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err: TextIO,
-                json_out: bool | None = None) -> tuple[int, ReplayResult]:
-    result = (replay(args.log, prefix=prefix, check_snapshots=args.snapshots)
-              if args.workers == 1 else
-              replay_parallel(args.log, prefix=prefix, workers=args.workers,
-                              check_snapshots=args.snapshots))
-    divergence = result.divergence
-    rejection = result.rejection
-    code = EXIT_DIVERGED if divergence is not None or rejection is not None else (
-        EXIT_CORRUPT if _problems(result) else EXIT_OK)
-    if json_out is False:
-        return code, result
-    if args.json:
-        json.dump(_verify_json(result, code), out, indent=2)
-        out.write("\n")
-        return code, result
-    if result.header is not None:
-        header = result.header
-        print(f"engine {header.engine_index}, {header.policy}, world size {header.world_size}",
-              file=out)
-    print(f"{result.events_applied} events replayed from {result.records} records, "
-          f"{result.digests_checked} digests checked"
-          + (", clean end" if result.ended_cleanly else
-             ", no END record" if not result.vanished else ""), file=out)
-    if result.vanished:
-        print(result.vanished, file=out)
-    for seq in result.snapshots_loaded:
-        print(f"started from the snapshot before event {seq}"
-              + (" (the files before it are missing)" if seq == result.first_seq else
-                 " (after the loss above)"), file=out)
-    if divergence is not None:
-        print(f"DIVERGED at seq {divergence.seq} ({divergence.kind}): "
-              f"{field(divergence.detail, DETAIL_CHARS_MAX)}", file=out)
-        event = "-" if divergence.event is None else explain_mod.brief(divergence.event)
-        print(f"  event:    {field(event, DETAIL_CHARS_MAX)}", file=out)
-        print(f"  expected: {field(divergence.expected, DETAIL_CHARS_MAX)}", file=out)
-        print(f"  got:      {field(divergence.got, DETAIL_CHARS_MAX)}", file=out)
-    if rejection is not None:
-        print(f"rejected: {field(rejection.describe(), DETAIL_CHARS_MAX)}", file=out)
-    for problem in _problems(result):
-        print(f"damage: {field(problem, DETAIL_CHARS_MAX)}", file=err)
-    if result.stopped and divergence is None and (rejection is None
-                                                  or rejection.reproduced is None):
-        print(f"replay stopped early: {result.stopped}", file=out)
-    if code == EXIT_OK:
-        print("OK: every outcome and digest matches", file=out)
-    return code, result
+    return verify.verify_runs(args, _runs(args), out, err)
 
 
 def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -303,14 +173,14 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.at is not None:
         if args.at < 0:
             raise UsageError(f"--at {args.at}: expected a token step >= 0")
-        steps = explain_mod.StepObserver(args.at, verbose=args.verbose)
+        steps = step_mod.StepObserver(args.at, verbose=args.verbose)
         result = (replay(args.log, prefix=args.prefix, observer=steps) if args.no_index else
                   seek.replay_at_step(args.log, args.prefix, args.at, steps, notes))
         data = steps.to_json()
-        if not data["found"] and result.state is not None and not _problems(result):
+        if not data["found"] and result.state is not None and not verify.problems(result):
             raise UsageError(f"--at {args.at}: the log's token steps are 0 to "
                              f"{result.state.step_index}")
-        text = explain_mod.format_step(data)
+        text = explain_text.format_step(data)
     else:
         if args.prefix is not None:
             prefix, req_id = args.prefix, requests_mod.resolve(
@@ -326,16 +196,16 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = (replay(args.log, prefix=prefix, observer=observer) if args.no_index
                   else seek.explain_request(args.log, prefix, req_id, observer, notes))
         data = observer.to_json(tokens)
-        text = explain_mod.format_story(data, args.verbose)
+        text = explain_text.format_story(data, args.verbose)
     if args.json:
         json.dump(data, out, indent=2, default=list)
         out.write("\n")
     else:
         print(text, file=out)
-    code = _report_damage(result, err)
+    code = verify.report_damage(result, err)
     for note in notes:
         print(f"note: {note}", file=err)
-    _warn_rejected(result, err)
+    verify.warn_rejected(result, err)
     if result.divergence is not None:
         print(f"warning: replay diverged at seq {result.divergence.seq}; the story stops "
               "there", file=err)
@@ -362,8 +232,8 @@ def _requests(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(requests_mod.format_row(row, width), file=out)
             print(f"{len(rows)} requests" + (f" with {' or '.join(args.cause)}"
                                              if args.cause else ""), file=out)
-        code = max(code, _report_damage(result, err))
-        _warn_rejected(result, err)
+        code = max(code, verify.report_damage(result, err))
+        verify.warn_rejected(result, err)
     if args.json:
         json.dump(listing if len(runs) > 1 else listing[""], out, indent=2)
         out.write("\n")
@@ -406,19 +276,19 @@ def _summary_run(args: argparse.Namespace, prefix: str | None, out: TextIO, err:
     observer = summary_mod.SummaryObserver()
     result = replay(args.log, prefix=prefix, observer=observer)
     if result.state is None:
-        return _report_damage(result, err) or EXIT_CORRUPT, None
+        return verify.report_damage(result, err) or EXIT_CORRUPT, None
     data = summary_mod.summarize(result.state, observer, top=args.top)
     if quiet_json:
-        code = _report_damage(result, err)
-        _warn_rejected(result, err)
+        code = verify.report_damage(result, err)
+        verify.warn_rejected(result, err)
         return (EXIT_DIVERGED if not data["ledger_closes"] else code), data
     if args.json:
         json.dump(data, out, indent=2)
         out.write("\n")
     else:
         print(summary_mod.format_summary(data, args.log, prefix), file=out)
-    code = _report_damage(result, err)
-    _warn_rejected(result, err)
+    code = verify.report_damage(result, err)
+    verify.warn_rejected(result, err)
     if not data["ledger_closes"]:
         return EXIT_DIVERGED, data
     return code, data
@@ -434,7 +304,7 @@ def _whatif(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     observer = summary_mod.SummaryObserver()
     result = replay(args.log, prefix=args.prefix, observer=observer)
     assert result.state is not None
-    _warn_rejected(result, err)
+    verify.warn_rejected(result, err)
     recorded = summary_mod.summarize(result.state, observer)
     try:
         resim = whatif_mod.simulate(original, header.world_size, events,
@@ -513,8 +383,8 @@ def _timeline(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise UsageError(f"-o {args.output}: {error.strerror}") from None
     print(f"wrote {args.output} ({timeline.token_steps} token steps in {len(timeline.steps)} "
           f"points; {timeline_plot.lanes_note(timeline)})", file=out)
-    _warn_rejected(result, err)
-    return _report_damage(result, err)
+    verify.warn_rejected(result, err)
+    return verify.report_damage(result, err)
 
 
 def _tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -552,7 +422,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     try:
         return _run_bounded(args, out, err)
-    except UsageError as error:
+    except (UsageError, NoRun) as error:
         print(f"error: {field(error, DETAIL_CHARS_MAX)}", file=err)
         return EXIT_USAGE
     except ValueError as error:  # e.g. a log without a header for whatif

@@ -7,23 +7,20 @@ the same outcome checks until the code's decisions part. :func:`diff_logs`
 finds that first event in two passes:
 
 1. **Bisect by digests.** One cheap pass over each log collects its state
-   digests (DIGEST, SNAPSHOT and END records; other payloads are only
-   peeked at, never decoded). Leading segments both logs close with the
-   same INDEX key (schema 5: the same events, checks and digests) are not
-   even inflated (:func:`equal_segments`, from ``seek.segments``' CRC-only
-   pass), so a divergence near the end of a long run costs one pass over
-   the frames and the last segments. Over the ``seq`` values both logs hold a
-   digest for, a binary search finds the first pair that differs; the last
-   equal one before it (``good``) bounds the search from below. This
-   assumes states, once apart, stay apart (they do in practice: op and
-   batch ids, counters and the EMA all drift); ``full=True`` walks from
-   event 0 instead.
+   digests and an index of its INPUTS records (``replay.digests``; leading
+   segments both logs close with the same INDEX key are not even inflated).
+   Over the ``seq`` values both logs hold a digest for, a binary search
+   finds the first pair that differs; the last equal one before it
+   (``good``) bounds the search from below. This assumes states, once
+   apart, stay apart (they do in practice: op and batch ids, counters and
+   the EMA all drift); ``full=True`` walks from event 0 instead.
 2. **Walk events.** From the file holding event ``good + 1`` (each file's
    header says its first event), both logs are decoded in lockstep and
    compared event by event: the input itself (``input``), then its outcome
    check or full outcome (``outcome``). If every event up to the differing
    digest matches, the divergence is that digest (``digest``); if one log
-   stops first, ``length``.
+   stops first, ``length``. After an input divergence, the first decision
+   that differs (``replay.decisions``).
 
 At the divergence both sides are shown: the event, and each side's outcome
 decoded when the log carries full outcomes (``full_outcomes`` header flag,
@@ -40,178 +37,28 @@ Exit codes (``replay diff``): 0 identical, 1 diverged, 3 damage in either log.
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import msgpack
 
-from offload_fsm.log.batch import Inflater
-from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import Damage, scan_stream
-from offload_fsm.log.peek import payload_kind as _kind
-from offload_fsm.log.records import (
-    BATCH,
-    DIGEST,
-    END,
-    HEADER,
-    INPUTS,
-    SNAPSHOT,
-    Digest,
-    End,
-    Header,
-    Inputs,
-)
+from logfiles.scan import Entry, LogDamage, read_file
+from logfiles.segments import segments
+from offload_fsm.log.records import Inputs
 from offload_fsm.log.wire import from_wire, outcome_check, outcome_wire, wire_check
 from offload_fsm.state import State
 from offload_fsm.vocabulary.errors import LogCorrupt
-from offload_fsm.vocabulary.events import OBSERVATION_TYPES, Event
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 from replay import seek
-from replay.explain import brief
-from replay.reader import Chunk, Entry, LogDamage, input_chunk, read_file, run_files
+from replay.brief import brief
+from replay.decisions import DECISION_WINDOW, DecisionSplit, first_decision
+from replay.digests import Chunk, Digests, equal_segments, scan_digests
 from replay.runner import ReplayResult, replay
 from replay.text import DETAIL_CHARS_MAX, field
 
-__all__ = ["DecisionSplit", "DiffResult", "Side", "diff_logs", "first_decision", "format_diff",
-           "scan_digests", "to_json"]
-
-
-
-@attrs.define(kw_only=True)
-class Digests:
-    """What pass 1 learnt about one log."""
-
-    digests: dict[int, str] = attrs.Factory(dict)  # after event seq (a snapshot: before seq)
-    file_starts: list[tuple[int, Path]] = attrs.Factory(list)  # (first event, file)
-    chunks: list[Chunk] = attrs.Factory(list)  # every INPUTS record, in order
-    events_seen: int = 0  # the end of the last INPUTS record
-    events_total: int = -1  # from END, -1 if none
-    damage: list[str] = attrs.Factory(list)
-    header: Header | None = None
-
-
-_Skip = dict[tuple[str, int], int]  # (file, segment offset) -> the segment's end_seq
-
-
-def scan_digests(path: str | os.PathLike[str], prefix: str | None = None,
-                 skip: _Skip | None = None) -> Digests:
-    """Pass 1: every state digest of the run, keyed by the last event applied
-    before it, and where each file starts; INPUTS payloads are not decoded
-    (a batch, schema 4 on, is inflated, not decoded). The segments in ``skip``
-    are not even inflated: their events, checks and digests are known equal
-    to the other log's (:func:`equal_segments`)."""
-    out = Digests()
-    for file in run_files(path, prefix):
-        _scan_file(out, file, skip or {})
-    return out
-
-
-def equal_segments(a: list[seek.Segment], b: list[seek.Segment]) -> tuple[_Skip, _Skip]:
-    """The leading segments two runs share: same events, same snapshot digest
-    at their start, and an INDEX key (``log.records.Index.key``) that says the
-    same bodies follow, for each side as ``scan_digests``'s ``skip``."""
-    skip_a: _Skip = {}
-    skip_b: _Skip = {}
-    for x, y in zip(a, b):  # noqa: B905 (the shorter run ends the common prefix)
-        ix, iy = x.index, y.index
-        if (ix is None or iy is None or ix.key is None or ix.key != iy.key
-                or (x.seq, x.end_seq, x.digest) != (y.seq, y.end_seq, y.digest)):
-            break
-        skip_a[(str(x.path), x.offset)] = x.end_seq
-        skip_b[(str(y.path), y.offset)] = y.end_seq
-    return skip_a, skip_b
-
-
-def _scan_file(out: Digests, file: Path, skip: _Skip) -> None:
-    name = str(file)
-    chunks = out.chunks
-    decoder = LogDecoder()
-    inflater = Inflater()
-    segment, chain, broken, skipping = 0, None, False, (name, 0) in skip
-    with open(file, "rb") as stream:
-        for item in scan_stream(stream):
-            if isinstance(item, Damage):
-                out.damage.append(f"{file}@{item.offset}: {item.kind.value}: {item.detail}")
-                broken = True
-                continue
-            kind = _kind(item.payload)
-            if skipping and kind in (BATCH, INPUTS):
-                continue
-            payloads = [item.payload]
-            if kind == BATCH and not broken:
-                try:
-                    payloads = inflater.payloads(msgpack.unpackb(item.payload)[3])
-                except (LogCorrupt, ValueError, TypeError, IndexError) as error:
-                    out.damage.append(f"{file}@{item.offset}: {error}")
-                    broken = True
-                    continue
-            elif kind == BATCH or (broken and chain is not None and kind == INPUTS):
-                # Compact forms after damage in their segment do not decode.
-                out.damage.append(f"{file}@{item.offset}: a record after damage in its segment")
-                continue
-            offset = item.offset
-            for index, payload in enumerate(payloads):
-                if _kind(payload) == INPUTS:  # the hot path: one per step
-                    chunk = input_chunk(name, offset, payload, index=index, segment=segment,
-                                        chain=chain)
-                    if chunk is not None:
-                        chunks.append(chunk)
-                        if chain is not None:
-                            chain = chunk.key
-                    continue
-                _scan_payload(out, decoder, file, offset, payload)
-            if chunks:
-                out.events_seen = chunks[-1].end_seq
-            if kind in (SNAPSHOT, HEADER):  # a segment starts; its first event seeds the chain
-                segment, broken = item.offset, False
-                end = skip.get((name, segment))
-                skipping = end is not None
-                if end is not None:
-                    out.events_seen = end
-                first = (_peek_snapshot(item.payload)[0] if kind == SNAPSHOT else
-                         decoder.header.seq if decoder.header is not None else 0)
-                chain = zlib.crc32(b"%d" % first) if decoder.schema >= 4 else None
-                inflater.reset()
-
-
-def _scan_payload(out: Digests, decoder: LogDecoder, file: Path, offset: int,
-                  payload: bytes) -> None:
-    """A payload other than INPUTS: the digests, headers and the END."""
-    kind = _kind(payload)
-    if kind == SNAPSHOT:
-        seq, digest = _peek_snapshot(payload)
-        out.digests[seq - 1] = digest
-        return
-    if kind not in (HEADER, DIGEST, END):
-        return
-    try:
-        record = decoder.decode(payload)
-    except LogCorrupt as error:
-        out.damage.append(f"{file}@{offset}: {error}")
-        return
-    if type(record) is Header:
-        out.header = out.header or record
-        out.file_starts.append((record.seq, file))
-    elif type(record) is Digest and record.digest:
-        out.digests[record.seq] = record.digest
-    elif type(record) is End:
-        out.events_total = record.events_total
-        if record.digest:
-            out.digests[record.seq - 1] = record.digest
-
-
-def _peek_snapshot(payload: bytes) -> tuple[int, str]:
-    unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False)
-    unpacker.feed(payload)
-    unpacker.read_array_header()
-    unpacker.skip()  # kind
-    seq = unpacker.unpack()
-    unpacker.skip()  # wall
-    return seq, unpacker.unpack()
-
+__all__ = ["DiffResult", "Side", "diff_logs", "format_diff", "to_json"]
 
 @attrs.frozen(kw_only=True)
 class Side:
@@ -242,95 +89,6 @@ class DiffResult:
     item_b: Any = None
     decision: DecisionSplit | None = None  # after an input divergence
 
-
-@attrs.define(kw_only=True)
-class DecisionSplit:
-    """The first observation after which the two logs' decisions differ
-    (its own and those of the answers it led to), counted among the
-    observations (answers differ in number when the commands do): where each
-    log holds it, the observation as each log recorded it, and the
-    decisions of each side, briefly."""
-
-    observation: int
-    seq_a: int
-    seq_b: int
-    event_a: str
-    event_b: str
-    decisions_a: list[str]
-    decisions_b: list[str]
-
-
-class _Decisions:
-    """Per observation (an observation and the answers it led to), a hash
-    of the decisions taken: for the first ``limit`` observations, or, with
-    ``show``, the briefs of observation ``show`` (then it stops)."""
-
-    def __init__(self, limit: int, show: int = -1) -> None:
-        self.limit = limit
-        self.show = show
-        self.hashes: list[int] = []
-        self.current: list[str] = []
-        self.seqs: list[int] = []
-        self.events: list[str] = []
-        self.briefs: list[str] = []
-        self.done = False
-
-    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
-        if type(event) in OBSERVATION_TYPES:
-            self._close()
-            if self.done:
-                return
-            self.seqs.append(seq)
-            if len(self.seqs) - 1 == self.show:
-                self.events.append(brief(event))
-        if len(self.seqs) - 1 == self.show:
-            self.briefs += [brief(decision) for decision in outcome.decisions]
-        self.current += [repr(decision) for decision in outcome.decisions]
-
-    def _close(self) -> None:
-        if self.seqs:
-            self.hashes.append(hash(tuple(self.current)))
-        self.current = []
-        if len(self.hashes) >= self.limit or 0 <= self.show < len(self.hashes):
-            self.done = True
-
-    def finish(self) -> None:
-        if not self.done:
-            self._close()
-
-
-DECISION_WINDOW: Final = 1 << 20  # observations compared for the first differing decision
-DECISIONS_SHOWN: Final = 6
-
-
-def first_decision(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str],
-                   prefix_a: str | None, prefix_b: str | None) -> DecisionSplit | None:
-    """Replay both logs (this code) and find the first observation whose
-    decisions differ (:class:`DecisionSplit`); None when none does in the
-    first :data:`DECISION_WINDOW` observations."""
-    def run(path: str | os.PathLike[str], prefix: str | None, observer: _Decisions) -> None:
-        first = seek.segments(path, prefix)
-        if first and first[0].seq == 0:
-            seek.replay_from(run_files(path, prefix), first[0], observer,
-                             lambda fold: observer.done)
-        else:
-            replay(path, prefix=prefix, observer=observer)
-        observer.finish()
-
-    a, b = _Decisions(DECISION_WINDOW), _Decisions(DECISION_WINDOW)
-    run(a_path, prefix_a, a)
-    run(b_path, prefix_b, b)
-    at = next((n for n, (x, y) in enumerate(zip(a.hashes, b.hashes)) if x != y),  # noqa: B905
-              None)
-    if at is None:
-        return None
-    shown_a, shown_b = _Decisions(DECISION_WINDOW, show=at), _Decisions(DECISION_WINDOW, show=at)
-    run(a_path, prefix_a, shown_a)
-    run(b_path, prefix_b, shown_b)
-    return DecisionSplit(observation=at, seq_a=a.seqs[at], seq_b=b.seqs[at],
-                         event_a=shown_a.events[0] if shown_a.events else "",
-                         event_b=shown_b.events[0] if shown_b.events else "",
-                         decisions_a=shown_a.briefs, decisions_b=shown_b.briefs)
 
 
 def _first_differing(common: list[int], a: dict[int, str], b: dict[int, str]) -> int:
@@ -401,8 +159,8 @@ def diff_logs(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str], *,
               prefix_a: str | None = None, prefix_b: str | None = None,
               full: bool = False, ledgers: bool = True) -> DiffResult:
     """Compare two logs; see the module docstring."""
-    skip_a, skip_b = ({}, {}) if full else equal_segments(seek.segments(a_path, prefix_a),
-                                                           seek.segments(b_path, prefix_b))
+    skip_a, skip_b = ({}, {}) if full else equal_segments(segments(a_path, prefix_a),
+                                                           segments(b_path, prefix_b))
     a, b = scan_digests(a_path, prefix_a, skip_a), scan_digests(b_path, prefix_b, skip_b)
     result = DiffResult(damage=[*a.damage, *b.damage], full=full)
     if a.header is None or b.header is None:
@@ -502,11 +260,8 @@ def _fields_differing(x: Event, y: Event) -> str:
 
 
 def _digest_divergence(result: DiffResult, a: Digests, b: Digests, upper: int) -> None:
-    result.identical = False
-    result.seq = upper
-    result.kind = "digest"
-    result.detail = ("the state digests differ after this event, though every event and "
-                     "outcome up to it matches")
+    _diverge(result, upper, "digest", "the state digests differ after this event, though "
+             "every event and outcome up to it matches", None, None)
     result.a = Side(event=None, check=None, outcome="", digest=a.digests[upper])
     result.b = Side(event=None, check=None, outcome="", digest=b.digests[upper])
 
@@ -576,7 +331,7 @@ def _replay_end(scanned: Digests, seq: int | None, ledgers: bool
 def _replay_tail(file: Path, seq: int, observer: Any, until: Any) -> ReplayResult:
     """Replay ``file`` from its last segment starting at or before ``seq``
     (``replay.seek``; the whole file where none restores)."""
-    starts = [s for s in seek.segments(file) if s.seq <= seq]
+    starts = [s for s in segments(file) if s.seq <= seq]
     result = (seek.replay_from([file], starts[-1], observer, until) if starts else None)
     return result if result is not None else replay(file, observer=observer)
 
@@ -587,6 +342,7 @@ def _counters(result: ReplayResult) -> dict[str, int]:
     return {name.value: value for name, value in result.state.counters.items()}
 
 
+DECISIONS_SHOWN: Final = 6  # a side's decisions listed at the decision split
 OUTCOME_ITEMS_SHOWN: Final = 16  # decisions and commands a side's outcome lists
 
 

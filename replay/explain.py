@@ -22,20 +22,13 @@ operator can do (``opstory.ADVICE``). To name a duplicate's storer the
 observer remembers, for every batch it sees submitted, its content keys,
 and for every stored one its batch (at most :data:`STORERS_MAX` keys).
 
-:class:`StepObserver` keeps every event of one token step (from its
-``StepScheduled`` to the next), with what the core decided and commanded,
-and the state after it.
-
-Block lists are summarised (:func:`blocks_text`: ``blocks=12 [40-47, 90-93]``,
-sorted runs of consecutive ids, at most a few runs shown); with ``verbose``
-every id is printed in the store's own order.
+One token step's events are ``replay.step``'s; block lists and messages
+are summarised as ``replay.brief`` prints them.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import attrs
 
 from offload_fsm.state import State
 from offload_fsm.vocabulary.commands import EndSession, ReadHashes
@@ -64,40 +57,13 @@ from offload_fsm.vocabulary.events import (
     RequestFinished,
     RequestPreempted,
     StepScheduled,
-    StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
+from replay.brief import blocks_text
 from replay.opstory import ADVICE, DROP_WHY, OpStory, OpTracker
 from replay.text import field
 
 STORERS_MAX = 1 << 18  # content keys remembered with their storer (the core's bound)
-
-RUNS_SHOWN = 4  # runs of consecutive block ids printed before "+N more"
-
-
-def blocks_text(block_ids: tuple[int, ...] | list[int], verbose: bool = False) -> str:
-    """``blocks=N [a-b, c, ...]``: the count, then runs of consecutive ids (sorted;
-    a store's own order is what ``verbose`` prints, every id as listed)."""
-    return f"blocks={len(block_ids)} {ranges_text(block_ids, verbose)}"
-
-
-def ranges_text(values: tuple[int, ...] | list[int], verbose: bool = False) -> str:
-    """``[a-b, c, ...]``: runs of consecutive values, sorted, at most
-    :data:`RUNS_SHOWN`; ``verbose``: every value in its own order."""
-    if verbose:
-        return str(list(values))
-    ids = sorted(set(values))
-    runs: list[list[int]] = []
-    for block_id in ids:
-        if runs and block_id == runs[-1][1] + 1:
-            runs[-1][1] = block_id
-        else:
-            runs.append([block_id, block_id])
-    shown = [f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:RUNS_SHOWN]]
-    if len(runs) > RUNS_SHOWN:
-        shown.append(f"+{len(runs) - RUNS_SHOWN} more runs")
-    return f"[{', '.join(shown)}]"
-
 
 class ExplainObserver:
     """One request's story (see the module docstring). Beyond the request, it
@@ -509,103 +475,5 @@ class ExplainObserver:
         }
 
 
-def format_story(data: dict[str, Any], verbose: bool = False) -> str:
-    if not data["found"]:
-        return f"request {field(data['req_id'])} does not appear in the log"
-    lines = [f"request {field(data['req_id'])}:"]
-    for line in data["story"]:
-        lines.append(f"  seq {line['seq']:>8}  step {line['step']:>6}  {line['text']}")
-        lines += [f"{'':28}{text}" for text in line.get("chain", ())]
-    lines.append("store ops:")
-    for op in data["ops"]:
-        gen = f" gen {op['generation']}" if op["generation"] else ""
-        outcome = op["status"].upper()
-        if op["cause"]:
-            outcome += f" ({op['cause']}"
-            if op["block_id"] >= 0:
-                outcome += f", block {op['block_id']}"
-            if op["reused_by"]:
-                outcome += f" reused by {op['reused_by']}"
-            outcome += ")"
-        risk = (f", at risk at {len(op['at_risk'])} step(s) "
-                f"{ranges_text([r['step'] for r in op['at_risk']], verbose)}"
-                if op["at_risk"] else "")
-        if op["trimmed_tokens"]:
-            gen += f" (its first {op['trimmed_tokens']} tokens trimmed: duplicate)"
-        lines.append(f"  [{op['start_token']}, {op['end_token']}){gen}: buffered at step "
-                     f"{op['buffered_step']} on {blocks_text(op['block_ids'], verbose)}{risk} "
-                     f"-> {outcome}")
-    return "\n".join(lines)
-
-
 def _hash_text(block_hash: BlockHash) -> str:
     return "none (cleared)" if block_hash is None else f"{block_hash & (2**64 - 1):016x}"
-
-
-def brief(message: object, verbose: bool = False) -> str:
-    """``Name(field=value, ...)`` with id lists summarised as ranges."""
-    parts = []
-    for attribute in attrs.fields(type(message)):  # type: ignore[arg-type]  # events etc.
-        value = getattr(message, attribute.name)
-        if isinstance(value, tuple) and len(value) > RUNS_SHOWN and all(
-                type(v) is int for v in value):
-            text = f"{len(value)} {ranges_text(value, verbose)}"
-        elif isinstance(value, tuple) and len(value) > RUNS_SHOWN and not verbose:
-            text = f"{len(value)} items"
-        else:
-            text = field(repr(getattr(value, "value", value)))
-        parts.append(f"{attribute.name}={text}")
-    return f"{type(message).__name__}({', '.join(parts)})"
-
-
-class StepObserver:
-    """Every event of token step ``step_index`` (see the module docstring)."""
-
-    def __init__(self, step_index: int, *, verbose: bool = False) -> None:
-        self.step_index = step_index
-        self.verbose = verbose
-        self.events: list[dict[str, Any]] = []
-        self.after: dict[str, Any] = {}
-        self.passed: tuple[int, int, int] | None = None  # (seq, first, last) of a quiet run
-        self._before = -1  # state.step_index before the event
-
-    def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
-        before, self._before = self._before, state.step_index
-        if type(event) is StepsPassed and before < self.step_index < state.step_index:
-            self.passed = (seq, before + 1, state.step_index)  # the step passed inside it
-        if state.step_index != self.step_index:
-            return
-        self.events.append({
-            "seq": seq, "event": brief(event, self.verbose),
-            "decisions": [brief(d, self.verbose) for d in outcome.decisions],
-            "commands": [brief(c, self.verbose) for c in outcome.commands],
-        })
-        self.after = {
-            "depth_blocks": state.depth_blocks, "requests": len(state.requests),
-            "buffered_ops": sum(len(rec.ops) for rec in state.requests.values()),
-            "batches_in_flight": len(state.batches), "pinned_blocks": len(state.pins),
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step_index, "found": bool(self.events) or bool(self.passed),
-                "events": self.events, "state_after": self.after,
-                "passed": None if self.passed is None else list(self.passed)}
-
-
-def format_step(data: dict[str, Any]) -> str:
-    if not data["found"]:
-        return f"token step {data['step']} is not in the log"
-    if data.get("passed") and not data["events"]:
-        seq, first, last = data["passed"]
-        return (f"token step {data['step']} passed quietly: seq {seq} reported steps {first} "
-                f"to {last} together (StepsPassed), none of them moving anything the core "
-                "watches (no buffered block in the window, no watched block reallocated)")
-    lines = [f"token step {data['step']}:"]
-    for item in data["events"]:
-        lines.append(f"  seq {item['seq']:>8}  {item['event']}")
-        lines += [f"{'':16}decided {text}" for text in item["decisions"]]
-        lines += [f"{'':16}commanded {text}" for text in item["commands"]]
-    after = data["state_after"]
-    lines.append("after it: " + ", ".join(f"{key.replace('_', ' ')} {value}"
-                                          for key, value in after.items()))
-    return "\n".join(lines)

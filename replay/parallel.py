@@ -19,11 +19,12 @@ from pathlib import Path
 
 import attrs
 
+from logfiles.runs import run_files
+from logfiles.scan import Entry, frames, read_file
+from logfiles.segments import Segment, segments
 from offload_fsm.digest import state_digest
-from offload_fsm.log.framing import scan_stream
 from offload_fsm.log.records import Snapshot
 from replay import seek
-from replay.reader import Entry, read_file, run_files
 from replay.runner import ReplayResult, replay, spaced_collections
 
 __all__ = ["replay_parallel"]
@@ -51,7 +52,7 @@ def _replay_unit(unit: tuple[str, int, int, str], check_snapshots: bool) -> _Fil
     if offset == 0 and end_seq < 0:
         result = replay(path, check_snapshots=check_snapshots)
     else:
-        segment = seek.Segment(path=Path(path), offset=offset, seq=-1)
+        segment = Segment(path=Path(path), offset=offset, seq=-1)
         seeked = seek.replay_from([Path(path)], segment, None,
                                   lambda fold: 0 <= end_seq <= fold.next_seq,
                                   check_snapshots=check_snapshots)
@@ -141,8 +142,8 @@ def _units(path: str | os.PathLike[str], prefix: str | None
     """What :func:`replay_parallel` farms out: each file from its start, cut
     at its later segments (schema 4 snapshots inside a file), so a run of few
     files still spreads over the workers."""
-    by_file: dict[str, list[seek.Segment]] = {}
-    for segment in seek.segments(path, prefix):
+    by_file: dict[str, list[Segment]] = {}
+    for segment in segments(path, prefix):
         by_file.setdefault(str(segment.path), []).append(segment)
     units = []
     for file in map(str, run_files(path, prefix)):
@@ -158,12 +159,11 @@ def _units(path: str | os.PathLike[str], prefix: str | None
 def _first_is_next(path: str, offset: int) -> bool:
     """Whether the file's first snapshot (at ``offset``) follows its header
     (and a resumed log's GAP): the file's own start, not a later segment."""
-    with open(path, "rb") as stream:
-        for count, item in enumerate(scan_stream(stream)):
-            if getattr(item, "offset", -1) == offset:
-                return count <= 2
-            if count > 2:
-                return False
+    for count, item in enumerate(frames(path)):
+        if item.offset == offset:
+            return count <= 2
+        if count > 2:
+            return False
     return False
 
 

@@ -5,7 +5,7 @@ run that holds one, and say what became of each request.
   from the segment indexes when every segment has a trusted one (no event is
   decoded), else by decoding the events (no replay).
 * :func:`resolve`: an exact id, or the one id a typed prefix starts; else a
-  :class:`~replay.reader.UsageError` that says "did you mean" with the
+  :class:`~replay.usage.UsageError` that says "did you mean" with the
   closest ids (or lists the ids the prefix is ambiguous between).
 * :func:`run_holding`: in a directory of several runs, the one run whose
   ids resolve the typed text (an error names every run that does, or the
@@ -21,16 +21,18 @@ import os
 from collections import Counter as Tally
 from typing import Any
 
+from logfiles.runs import run_prefixes
+from logfiles.scan import Entry, read_log
+from logfiles.segments import segments
 from offload_fsm.log.compact import requests_of
 from offload_fsm.log.records import Inputs
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import CandidateOffered, Event, RequestPreempted
 from offload_fsm.vocabulary.outcome import Outcome
-from replay import seek
 from replay.opstory import OpTracker
-from replay.reader import Entry, UsageError, read_log, run_prefixes
 from replay.text import field
+from replay.usage import UsageError
 
 SUGGESTIONS = 5  # ids offered after "did you mean"
 AMBIGUOUS_SHOWN = 8  # ids listed for an ambiguous prefix
@@ -39,7 +41,7 @@ AMBIGUOUS_SHOWN = 8  # ids listed for an ambiguous prefix
 def request_ids(path: str | os.PathLike[str], prefix: str | None = None) -> list[str]:
     """Every request id the run names, in first-seen order (see the module
     docstring)."""
-    found = seek.segments(path, prefix)
+    found = segments(path, prefix)
     if found and all(s.index is not None and s.index.requests is not None for s in found):
         ids: dict[str, None] = {}
         for segment in found:

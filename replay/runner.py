@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from logfiles.scan import Entry, LogDamage, read_log
 from offload_fsm.digest import state_digest
 from offload_fsm.log import snapshot
 from offload_fsm.log.records import (
@@ -63,7 +64,6 @@ from offload_fsm.vocabulary.config import OffloadConfig, parse_recorded_config
 from offload_fsm.vocabulary.errors import LogCorrupt, StepFailed
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.reader import Entry, LogDamage, read_log
 
 Observer = Callable[[int, Event, Outcome, State], None]
 

@@ -1,17 +1,10 @@
 """Seeking in a run: replay only the segments a question needs.
 
-A schema 4 file is a sequence of *segments*, each starting with a snapshot
-(or, in the run's first file, with the header at event 0) and, when the
-writer closed it, ending with an INDEX record: the token steps it spans and
-every request id its events name. :func:`segments` lists them with one cheap
-pass over the frames (CRC only; headers, snapshots' envelopes, INDEX and END
-records are the only payloads looked at, nothing is inflated).
-
-An INDEX is trusted only when it is intact and its ``end_seq`` is where the
-next segment (or the END record) starts, so a mid-segment INDEX (a rotation
-the writer refused) or one cut off by a crash is never read as complete.
-A segment without a trusted index is *unindexed*: :func:`mentions` decodes
-it (no replay) to see whether it names a request.
+A run is a sequence of *segments* (``logfiles.segments``: each starts with
+a snapshot or the run's header, and may end with a trusted INDEX naming the
+token steps it spans and every request id its events name). A segment
+without a trusted index is *unindexed*: :func:`mentions` decodes it (no
+replay) to see whether it names a request.
 
 :func:`explain_request` replays from the snapshot of the first segment that
 names the request, through the last one, and on until the core holds
@@ -30,127 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-import msgpack
-
+from logfiles.runs import run_files
+from logfiles.scan import Entry, LogDamage, read_file
+from logfiles.segments import Segment, segments
 from offload_fsm.log.compact import requests_of
-from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import Damage, scan_stream
-from offload_fsm.log.peek import payload_kind
-from offload_fsm.log.records import (
-    END,
-    HEADER,
-    INDEX,
-    SNAPSHOT,
-    VANISHED,
-    Header,
-    Index,
-    Inputs,
-    Snapshot,
-)
+from offload_fsm.log.records import Header, Inputs, Snapshot
 from offload_fsm.log.wire import to_wire
 from offload_fsm.state import State
-from offload_fsm.vocabulary.errors import LogCorrupt
-from replay.reader import Entry, LogDamage, read_file, run_files
 from replay.runner import Observer, ReplayResult, _Fold, replay
 
-__all__ = ["Segment", "explain_request", "mentions", "replay_at_step", "replay_from", "segments"]
-
-
-@attrs.define(kw_only=True)
-class Segment:
-    """Events from ``seq`` on, in ``path`` from byte ``offset`` (its snapshot,
-    or the header of a run starting at event 0)."""
-
-    path: Path
-    offset: int
-    seq: int
-    index: Index | None = None  # trusted INDEX, see the module docstring
-    digest: str = ""  # its snapshot's (state before ``seq``)
-    first_step: int = -1  # state.step_index before its first event (-1: unknown)
-    end_seq: int = -1  # where the next segment or the END starts (-1: unknown)
-
-
-def segments(path: str | os.PathLike[str], prefix: str | None = None,
-             damage: list[LogDamage] | None = None) -> list[Segment]:
-    """The run's segments in order (see the module docstring); framing
-    damage met on the way is added to ``damage``."""
-    out: list[Segment] = []
-    candidates: dict[int, Index] = {}  # id(segment) -> its last INDEX seen
-    ends: list[int] = []
-    for file in run_files(path, prefix):
-        decoder = LogDecoder()
-        with open(file, "rb") as stream:
-            for item in scan_stream(stream):
-                if isinstance(item, Damage):
-                    if damage is not None:
-                        damage.append(LogDamage(path=str(file), offset=item.offset,
-                                                kind=item.kind.value,
-                                                length_bytes=item.length_bytes,
-                                                detail=item.detail))
-                    continue
-                kind = payload_kind(item.payload)
-                if kind == HEADER:
-                    header = _try(decoder, item.payload)
-                    if isinstance(header, Header) and header.seq == 0 and item.offset == 0:
-                        out.append(Segment(path=file, offset=0, seq=0, first_step=0))
-                elif kind == SNAPSHOT:
-                    seq, digest = _peek_seq_digest(item.payload)
-                    if seq is not None:
-                        out.append(Segment(path=file, offset=item.offset, seq=seq,
-                                           digest=digest))
-                elif kind == INDEX and out and out[-1].path == file:
-                    index = _try(decoder, item.payload)
-                    if isinstance(index, Index) and index.seq == out[-1].seq:
-                        candidates[id(out[-1])] = index
-                elif kind == END or kind == VANISHED:
-                    seq = _peek_seq(item.payload)
-                    if seq is not None:
-                        ends.append(seq)
-    for number, segment in enumerate(out):
-        segment.end_seq = out[number + 1].seq if number + 1 < len(out) else (
-            ends[-1] if ends else -1)
-        index = candidates.get(id(segment))
-        if index is not None and index.end_seq == segment.end_seq:
-            segment.index = index
-            if segment.first_step < 0:
-                segment.first_step = index.first_step
-        if number + 1 < len(out) and segment.index is not None:
-            out[number + 1].first_step = segment.index.end_step
-    return out
-
-
-def _try(decoder: LogDecoder, payload: bytes) -> Any:
-    try:
-        return decoder.decode(payload)
-    except LogCorrupt:
-        return None
-
-
-def _peek_seq_digest(payload: bytes) -> tuple[int | None, str]:
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(payload[:64])
-    try:
-        unpacker.read_array_header()
-        unpacker.skip()  # kind
-        seq = unpacker.unpack()
-        unpacker.skip()  # wall
-        digest = unpacker.unpack()
-    except Exception:  # msgpack raises several unrelated types
-        return None, ""
-    return (seq if isinstance(seq, int) else None), (digest if isinstance(digest, str) else "")
-
-
-def _peek_seq(payload: bytes) -> int | None:
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(payload[:16])
-    try:
-        unpacker.read_array_header()
-        unpacker.skip()  # kind
-        seq = unpacker.unpack()
-    except Exception:  # msgpack raises several unrelated types
-        return None
-    return seq if isinstance(seq, int) else None
+__all__ = ["explain_request", "mentions", "replay_at_step", "replay_from"]
 
 
 def mentions(segment: Segment, req_id: str, following: Segment | None) -> bool:

@@ -9,9 +9,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 DO_NOT_T
     LMCACHE_TRACK_USAGE=false VLLM_NO_USAGE_STATS=1 LMCACHE_DISABLE_BANNER=1
 PY=.venv/bin/python
 echo "[test] ruff"
-"$PY" -m ruff check offload_fsm connector replay tests bench demo testkit
+"$PY" -m ruff check offload_fsm logfiles connector replay tests bench demo testkit
 echo "[test] mypy (strict on offload_fsm)"
 "$PY" -m mypy --strict offload_fsm
-"$PY" -m mypy connector replay
+"$PY" -m mypy logfiles connector replay
 echo "[test] pytest"
 "$PY" -m pytest -q --durations=25 "$@"

@@ -116,7 +116,7 @@ class RecordEncoder:
         self._requests: set[str] | None = set()
         self._snapshot_keys: tuple[Any, ...] | None = None  # the file's last snapshot's
 
-    # -- what the writer asks (``connector.recorder.writer.Encoder``) ---------
+    # -- what the writer asks (``writer_thread.Encoder``) -------------------------
 
     def batchable(self, item: Any) -> bool:
         """With compression, INPUTS, DIGEST, GAP and REJECTED go into BATCH

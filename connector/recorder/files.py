@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from connector.recorder.retention import Retention, discard, private, private_directory
-from offload_fsm.log.names import file_name, parse_file_name
+from logfiles.runs import last_seqno
+from offload_fsm.log.names import file_name
 
 __all__ = ["LogFiles"]
 
@@ -38,9 +39,7 @@ class LogFiles:
         self._buffer_bytes = max(buffer_bytes, 8192)
         private_directory(directory, warn)
         self.retention = Retention(directory, max_total_bytes, warn)
-        taken = [parsed[1] for parsed in map(parse_file_name, os.listdir(directory))
-                 if parsed is not None and parsed[0] == prefix]
-        self._seqno = max(taken, default=-1)
+        self._seqno = last_seqno(directory, prefix)
         self.file: BinaryIO | None = None
         self.paths: list[Path] = []  # every file opened, in order (deleted ones included)
         self.file_bytes = 0

@@ -1,9 +1,10 @@
 """What a run's files already hold: where a recorder that takes a run over goes on.
 
-Contract: reads only; a file that cannot be read, or a record that does not
-decode, is skipped (a torn tail, damage). Used by the recorder process when
-it starts after another recorder of the same engine died
-(``connector.recorder.process``): its GAP starts where the files end.
+Contract: reads only, through ``logfiles`` (the one lister and scanner of
+log files); a file that cannot be read, and damage in one, are skipped (a
+torn tail). Used by the recorder process when it starts after another
+recorder of the same engine died (``connector.recorder.process``): its GAP
+starts where the files end.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import Damage, scan_stream
-from offload_fsm.log.names import file_sort_key, parse_file_name
+from logfiles.runs import files_of
+from logfiles.scan import Entry, read_file
 from offload_fsm.log.records import Digest, Gap, Inputs, LogRecord, Rejected
-from offload_fsm.vocabulary.errors import LogCorrupt
 
 __all__ = ["events_on_disk"]
 
@@ -26,26 +25,15 @@ def events_on_disk(directory: Path, prefix: str) -> int | None:
     it has no readable file (or ``directory`` is gone: the writer makes it
     again)."""
     try:
-        names = list(directory.iterdir())
+        files = files_of(directory, prefix)
     except FileNotFoundError:
         return None
-    files = sorted((path for path in names
-                    if (parsed := parse_file_name(path.name)) is not None
-                    and parsed[0] == prefix), key=lambda path: file_sort_key(path.name))
     for path in reversed(files):
-        decoder = LogDecoder()
         end: int | None = None
-        with contextlib.suppress(OSError), path.open("rb") as stream:
-            for item in scan_stream(stream):
-                if isinstance(item, Damage):
-                    decoder.lose()
-                    continue
-                try:
-                    records = decoder.decode_all(item.payload)
-                except LogCorrupt:
-                    continue
-                for record in records:
-                    after = _events_through(record)
+        with contextlib.suppress(OSError):
+            for entry in read_file(path):
+                if isinstance(entry, Entry):
+                    after = _events_through(entry.record)
                     end = after if end is None else max(end, after)
         if end is not None:
             return end

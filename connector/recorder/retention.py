@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from offload_fsm.log.names import file_sort_key, parse_file_name
+from logfiles.runs import runs_in
+from offload_fsm.log.names import file_sort_key
 
 __all__ = ["Retention", "delete_unless_held", "discard", "held", "hold_file", "private",
            "private_directory"]
@@ -68,14 +70,11 @@ class Retention:
         entries = []
         total = 0
         try:
-            names = os.listdir(self._dir)
+            runs = runs_in(self._dir)
         except OSError as exc:
             self._failed("listing", exc)
             return
-        for name in names:
-            if parse_file_name(name) is None:
-                continue
-            path = self._dir / name
+        for path in itertools.chain.from_iterable(runs.values()):
             if current is not None and path == current:
                 total += current_bytes
                 continue
@@ -86,7 +85,7 @@ class Retention:
                 continue
             if not stat.S_ISREG(info.st_mode):
                 continue
-            entries.append((info.st_mtime_ns, file_sort_key(name), path, info.st_size))
+            entries.append((info.st_mtime_ns, file_sort_key(path.name), path, info.st_size))
             total += info.st_size
         if total <= bound:
             return

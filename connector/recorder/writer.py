@@ -5,7 +5,8 @@ counters); the thread's half is ``connector.recorder.writer_thread``.
 
 A writer appends framed records (``offload_fsm.log.framing``) to the files
 of its run (``connector.recorder.files``; the default prefix is ``<UTC
-timestamp>-<pid>``), each starting with its header (:meth:`Encoder.header`).
+timestamp>-<pid>``), each starting with its header (``Encoder.header``,
+``connector.recorder.writer_thread``).
 A file past ``max_file_bytes`` asks the producer for a rotation
 (:attr:`EventLogWriter.rotation_due`; with ``auto_rotate`` it rotates by
 itself), so the next file can start with the producer's snapshot.
@@ -58,10 +59,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
 
 from connector.recorder.files import LogFiles
-from connector.recorder.writer_thread import Rotate, WriterThread
+from connector.recorder.writer_thread import Encoder, Rotate, WriterThread
 
 __all__ = [
     "EventLogWriter",
@@ -78,32 +78,6 @@ def default_prefix() -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
     n = next(_instance_counter)
     return f"{stamp}-{os.getpid()}" + (f"-{n}" if n else "")
-
-
-class Encoder(Protocol):
-    """What the writer asks of its items (the recorder's:
-    ``connector.recorder.encoder.RecordEncoder``)."""
-
-    def __call__(self, item: Any) -> bytes:
-        """The payload of ``item``."""
-
-    def header(self) -> bytes:
-        """The payload of the header of a file the writer opens."""
-
-    def gap(self, lost: int) -> bytes:
-        """The payload of a GAP for ``lost`` events the writer dropped."""
-
-    def pack(self, payloads: list[bytes]) -> bytes:
-        """One record's payload holding ``payloads`` (a BATCH)."""
-
-    def batchable(self, item: Any) -> bool:
-        """Whether ``item`` joins the pending batch (else it is written alone)."""
-
-    def events_of(self, item: Any) -> int:
-        """How many events ``item`` carries (what a GAP counts when it is lost)."""
-
-    def weight(self, item: Any) -> int:
-        """What ``item`` weighs in the queue (see :attr:`EventLogWriter.busy`)."""
 
 
 class EventLogWriter(WriterThread):

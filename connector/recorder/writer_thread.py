@@ -2,7 +2,7 @@
 
 Contract: every method here runs on the writer's daemon thread (its loop,
 :meth:`WriterThread._run`), never on the producer's: it takes items off the
-queue, encodes them (the :class:`~connector.recorder.writer.Encoder`),
+queue, encodes them (the :class:`Encoder`),
 gathers batchable payloads into one record per flush, places records in the
 run's files (``connector.recorder.files``), rotating as the bounds say, and
 watches the disk: an I/O error or a stall sends it to broken mode, where
@@ -19,15 +19,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from connector.recorder.files import LogFiles
 from offload_fsm.log.framing import frame
 
-if TYPE_CHECKING:
-    from connector.recorder.writer import Encoder
-
-__all__ = ["Rotate", "WriterThread"]
+__all__ = ["Encoder", "Rotate", "WriterThread"]
 
 _GAP_WEIGHT = -1  # stands for a gap record among a pending batch's weights
 _PRODUCER_PATIENCE_S = 1.0  # how long a rotation_due may go unanswered past twice the bound
@@ -41,6 +38,32 @@ class Rotate:
 
     def __init__(self, item: object) -> None:
         self.item = item
+
+
+class Encoder(Protocol):
+    """What the writer asks of its items (the recorder's:
+    ``connector.recorder.encoder.RecordEncoder``)."""
+
+    def __call__(self, item: Any) -> bytes:
+        """The payload of ``item``."""
+
+    def header(self) -> bytes:
+        """The payload of the header of a file the writer opens."""
+
+    def gap(self, lost: int) -> bytes:
+        """The payload of a GAP for ``lost`` events the writer dropped."""
+
+    def pack(self, payloads: list[bytes]) -> bytes:
+        """One record's payload holding ``payloads`` (a BATCH)."""
+
+    def batchable(self, item: Any) -> bool:
+        """Whether ``item`` joins the pending batch (else it is written alone)."""
+
+    def events_of(self, item: Any) -> int:
+        """How many events ``item`` carries (what a GAP counts when it is lost)."""
+
+    def weight(self, item: Any) -> int:
+        """What ``item`` weighs in the queue (see :attr:`EventLogWriter.busy`)."""
 
 
 class WriterThread:

@@ -1,8 +1,8 @@
 """Names of event log files: ``<prefix>-<seqno:06d>.lolog``.
 
 Pure module: standard library only; no clock, no I/O, no logging. It turns a
-(prefix, seqno) pair into a file name and back; listing a directory is left to
-the caller (``connector.recorder.files`` writes and lists, ``replay.reader`` reads).
+(prefix, seqno) pair into a file name and back; listing a directory is
+``logfiles.runs``'s job, the one lister the recorder and ``replay`` share.
 
 Primitives:
   FILE_SUFFIX            ``".lolog"``

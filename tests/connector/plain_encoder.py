@@ -1,5 +1,5 @@
 """An encoder of plain functions for tests of the writer alone
-(``connector.recorder.writer.Encoder``; the recorder's is
+(``connector.recorder.writer_thread.Encoder``; the recorder's is
 ``connector.recorder.encoder.RecordEncoder``)."""
 
 from __future__ import annotations

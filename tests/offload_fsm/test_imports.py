@@ -33,8 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "offload_fsm"
 FORBIDDEN = ("vllm", "torch", "zmq", "structlog")
 ALLOWED_THIRD_PARTY = {"attrs", "msgpack"}
-OURS = ("offload_fsm", "connector", "replay", "testkit", "tests", "bench", "demo")
-OUTSIDE_TESTS = ("offload_fsm", "connector", "replay", "testkit", "bench", "demo", "scripts")
+OURS = ("offload_fsm", "logfiles", "connector", "replay", "testkit", "tests", "bench", "demo")
+OUTSIDE_TESTS = ("offload_fsm", "logfiles", "connector", "replay", "testkit", "bench", "demo",
+                 "scripts")
 _MODULE_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 

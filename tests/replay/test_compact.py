@@ -15,13 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logfiles.scan import read_file
+from logfiles.segments import segments
 from offload_fsm.log.batch import Deflater, Inflater
 from offload_fsm.log.compact import WireContext, refer, resolve
 from offload_fsm.log.framing import Record, scan
 from offload_fsm.log.peek import payload_kind
 from offload_fsm.log.records import BATCH, INDEX, SNAPSHOT
 from offload_fsm.vocabulary.errors import LogCorrupt
-from replay.reader import read_file
 from replay.runner import replay
 from tests.replay.conftest import record_workload
 
@@ -405,8 +406,7 @@ def test_each_segment_index_is_keyed_with_the_bodies_the_segment_holds(
 
 
 def test_reading_from_later_segments_resumes_from_the_keys_read_before(tmp_path: Path) -> None:
-    from replay import reader
-    from replay.seek import segments
+    from logfiles import scan as reader
 
     directory, _ = record_workload(tmp_path / "log", requests=120, seed=5, pool_blocks=64,
                                    concurrency=8, recorder_options={"snapshot_every": 150})
@@ -504,7 +504,7 @@ def test_verify_folding_through_snapshots_never_decodes_their_states(
     result = replay(directory)
     assert result.ok and result.snapshots_checked >= 4, result
     assert inflated == 0  # each snapshot checked by its digest against the live state
-    later = [s for s in seek.segments(directory) if s.offset > 0][-1]
+    later = [s for s in segments(directory) if s.offset > 0][-1]
     restored = seek.replay_from([later.path], later, None, lambda fold: False)
     assert restored is not None and restored.ok and restored.snapshots_loaded == [later.seq]
     assert inflated >= 2  # a restore decodes its snapshot and the ones its keys refer to

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from logfiles.scan import Entry, LogDamage, read_file
 from offload_fsm.digest import state_digest
 from offload_fsm.log.records import Inputs
 from offload_fsm.machine import step
@@ -18,7 +19,6 @@ from offload_fsm.state import new_state
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.events import StepScheduled
 from replay.cli import EXIT_CORRUPT
-from replay.reader import Entry, LogDamage, read_file
 from replay.runner import config_of, replay
 from tests.replay.conftest import record_workload, run_cli
 

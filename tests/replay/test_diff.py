@@ -136,8 +136,8 @@ def test_a_long_outcome_is_listed_in_part_with_a_count_of_the_rest() -> None:
 
 
 def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
+    from logfiles.segments import segments
     from replay.diff import equal_segments, scan_digests
-    from replay.seek import segments
 
     a, world = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64,
                                concurrency=8, recorder_options={
@@ -185,8 +185,8 @@ def test_leading_segments_with_equal_keys_are_not_read(tmp_path: Path) -> None:
 
 
 def test_damage_inside_segments_that_would_be_skipped_is_still_reported(tmp_path: Path) -> None:
+    from logfiles.segments import segments
     from replay.diff import equal_segments
-    from replay.seek import segments
 
     a, _ = record_workload(tmp_path / "a", requests=120, seed=5, pool_blocks=64, concurrency=8,
                            recorder_options={"snapshot_every": 200})  # batched: compact forms
@@ -200,3 +200,21 @@ def test_damage_inside_segments_that_would_be_skipped_is_still_reported(tmp_path
     result = diff_logs(a, tmp_path / "b", ledgers=False)
     assert result.damage, "a damaged frame must be reported even where segments match"
     assert run_cli("diff", str(a), str(tmp_path / "b"))[0] == 3
+
+
+def test_a_snapshot_whose_seq_does_not_read_is_damage_not_a_crash(tmp_path: Path) -> None:
+    from offload_fsm.log.records import SNAPSHOT
+    from replay.digests import scan_digests
+
+    golden = Path(__file__).resolve().parents[1] / "data" / "logs" / "v6" / "golden-000000.lolog"
+    payloads = [item.payload for item in scan(golden.read_bytes()) if isinstance(item, Record)]
+    at = next(n for n, payload in enumerate(payloads) if payload[1] == SNAPSHOT)
+    envelope = msgpack.unpackb(payloads[at], raw=True, strict_map_key=False)
+    payloads[at] = msgpack.packb([envelope[0], "not a seq", *envelope[2:]])
+    path = tmp_path / "odd.lolog"
+    path.write_bytes(b"".join(map(frame, payloads)))
+    scanned = scan_digests(path)
+    assert scanned.damage[0].endswith(": a snapshot whose seq does not read")
+    assert len(scanned.damage) > 1 and all(
+        "a record after damage in its segment" in line for line in scanned.damage[1:])
+    assert scanned.header is not None and scanned.digests  # the other segments still count

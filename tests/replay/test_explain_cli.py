@@ -166,7 +166,7 @@ def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
 
 
 def test_explain_summarises_block_lists_and_verbose_lists_every_id(tmp_path: Path) -> None:
-    from replay.explain import blocks_text
+    from replay.brief import blocks_text
 
     assert blocks_text((40, 41, 42, 43, 44, 45, 46, 47, 90, 91, 92, 93)) == \
         "blocks=12 [40-47, 90-93]"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import msgpack
 
+from logfiles.scan import Entry, LogDamage, read_file, read_log
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.records import SCHEMA_VERSION, Inputs
-from replay.reader import Entry, LogDamage, read_file, read_log
 from replay.runner import replay
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from connector.recorder.recording import EventRecorder
+from logfiles.scan import read_log
 from offload_fsm.log import records as logformat
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.records import SCHEMA_VERSION, Header, Rejected
@@ -32,7 +33,6 @@ from offload_fsm.vocabulary.events import (
     StepScheduled,
 )
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.reader import read_log
 from replay.runner import replay
 from replay.tail import describe
 from tests.logrecords import encode_record

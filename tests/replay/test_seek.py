@@ -11,10 +11,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from logfiles.segments import segments
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.log.peek import payload_kind
 from offload_fsm.log.records import INDEX, SNAPSHOT
-from replay.seek import segments
 from tests.replay.conftest import record_workload, run_cli
 
 

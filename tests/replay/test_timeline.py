@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from logfiles.scan import Entry, read_log
 from offload_fsm.log.records import Inputs
 from offload_fsm.state import State
 from offload_fsm.vocabulary.decisions import (
@@ -23,7 +24,6 @@ from offload_fsm.vocabulary.decisions import (
 from offload_fsm.vocabulary.events import CandidateOffered, Event, StepScheduled
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.opstory import DROP_WHY
-from replay.reader import Entry, read_log
 from replay.runner import replay
 from replay.timeline import (
     MAX_POINTS,
