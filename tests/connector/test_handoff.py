@@ -292,6 +292,43 @@ def test_the_recorder_logs_what_the_engine_hands_over_and_it_verifies(
     assert result.digests_checked >= 2
 
 
+def test_the_recorder_lays_out_the_engines_batches_as_an_in_process_recorder_does(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """One cursor (``offload_fsm.log.cursor``): the recorder process writes
+    each batch the engine sent as one INPUTS record, its digests where the
+    engine's cursor put them, so its log holds the same records at the same
+    ``seq`` as an in-process recorder fed the same events (what ``replay
+    diff`` compares); and it never rebuilds an event through
+    ``log.wire.from_wire``."""
+    import offload_fsm.log.wire as wire
+    from connector.recorder.recording import EventRecorder
+    from logfiles.scan import Entry, read_log
+    from offload_fsm.log.records import Digest, Inputs
+
+    def layout(directory: Any) -> list[tuple[str, int, int]]:
+        return [(type(e.record).__name__, e.record.seq,
+                 len(e.record.events) if isinstance(e.record, Inputs) else 0)
+                for e in read_log(directory) if isinstance(e, Entry)
+                and isinstance(e.record, (Inputs, Digest))]
+
+    monkeypatch.setattr(wire, "_TYPES", {})  # wire.from_wire would raise UnknownTag
+    handoff, link = _piped(tmp_path / "process", caplog)
+    world = run_workload(requests=60, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    monkeypatch.undo()
+    local = EventRecorder(default_config(), 2, str(tmp_path / "local"),
+                          {"package": "test", "vllm": "", "lmcache": ""}, prefix="run",
+                          digest_every=50, register_atexit=False)
+    again = run_workload(requests=60, seed=3, sink=local.record)
+    local.close(again.state)
+    assert again.applied == world.applied
+    recorded = layout(tmp_path / "process")
+    assert recorded == layout(tmp_path / "local")
+    assert any(kind == "Digest" for kind, _, _ in recorded)
+    assert not any("UnknownTag" in r.getMessage() for r in caplog.records)
+
+
 def test_a_live_state_changed_outside_step_shows_in_the_log(
         tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The engine's summary at a digest point differs from the recorder's
