@@ -431,7 +431,7 @@ class Handoff:
         self._resume_at = now + self._liveness_every_s
         try:
             message = packb((Message.START, seq, self._wall(), lost,
-                             packb(snapshot.to_wire(state)), PROTOCOL))
+                             packb(snapshot.take(state)), PROTOCOL))
         except Exception as error:  # a bug; stay in the outage, the warning says why
             self._outage(lost_from, f"the state snapshot failed ({error!r})")
             return

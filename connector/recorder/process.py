@@ -144,7 +144,7 @@ class Recorder:
         if packed is None:
             state = new_state(self._config, world_size=self._world_size)
         else:
-            state = snapshot.from_wire(unpackb(packed), self._config)
+            state = snapshot.restore(unpackb(packed), self._config)
         recorder = self.recorder
         if recorder is None:
             first = 0

@@ -259,7 +259,7 @@ class EventRecorder:
         self._next_snapshot = seq + self._snapshot_every if self._snapshot_every > 0 else -1
         item: tuple[Any, ...] | None
         try:
-            item = (SNAPSHOT, seq, now, state_digest(state), snapshot.to_wire(state),
+            item = (SNAPSHOT, seq, now, state_digest(state), snapshot.take(state),
                     state.step_index, periodic)
         except Exception as error:  # a bug; the log goes on, that file needs its predecessors
             item = None

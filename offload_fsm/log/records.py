@@ -27,7 +27,7 @@ VANISHED    10   ``events_total, reason``: the engine died without a clean shutd
                  its recorder wrote what it had received and closed the log (schema 6)
 ==========  ===  =====================================================================
 
-A SNAPSHOT is ``log.snapshot.to_wire(state)`` with its ``digest.state_digest``. The
+A SNAPSHOT is ``log.snapshot.take(state)`` with its ``digest.state_digest``. The
 recorder writes one right after the header of every file but the first (and
 of a file that resumes the log after an I/O failure), so each file replays
 alone: retention may delete the files before it. In a schema 3 file a GAP
@@ -268,8 +268,8 @@ class Rejected:
 
 @attrs.frozen(kw_only=True)
 class Snapshot:
-    """The whole state before event ``seq`` (``log.snapshot.to_wire``, decoded
-    into a state by ``log.snapshot.from_wire`` with the header's config), and
+    """The whole state before event ``seq`` (``log.snapshot.take``, decoded
+    into a state by ``log.snapshot.restore`` with the header's config), and
     its ``digest.state_digest``. A reader's ``state`` is a
     ``log.snapshot_pack.LazyState``, decoded when :meth:`wire` asks for it."""
 

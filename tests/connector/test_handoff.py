@@ -146,7 +146,7 @@ def test_acknowledged_room_ends_the_outage_with_the_lost_count_and_a_snapshot() 
     assert len(starts) == 2
     _, seq, _, lost, packed, _ = starts[1]
     assert lost > 0 and packed is not None
-    restored = snapshot.from_wire(unpackb(packed), default_config())
+    restored = snapshot.restore(unpackb(packed), default_config())
     assert restored.step_index <= world.state.step_index
     steps_after = [m for m in link.messages[link.messages.index(starts[1]):]
                    if m[0] == Message.STEP]
@@ -476,13 +476,13 @@ def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off
     import connector.handoff.sender as module
 
     packs = [0]
-    to_wire = module.snapshot.to_wire
+    take = module.snapshot.take
 
     def counted(state: Any) -> Any:
         packs[0] += 1
-        return to_wire(state)
+        return take(state)
 
-    monkeypatch.setattr(module.snapshot, "to_wire", counted)
+    monkeypatch.setattr(module.snapshot, "take", counted)
     clock = Clock()
     first, second = FakeLink(), FakeLink()
     warnings: list[str] = []
@@ -490,11 +490,11 @@ def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off
 
     def keep(applied: Any, state: Any) -> None:
         if len(state.stored_keys) > 20 and state.requests and not busy:
-            busy.append(snapshot.from_wire(unpackb(packb(snapshot.to_wire(state))),
+            busy.append(snapshot.restore(unpackb(packb(snapshot.take(state))),
                                            default_config()))
 
     run_workload(requests=60, seed=1, sink=keep)
-    assert len(packb(snapshot.to_wire(busy[0]))) > 2048
+    assert len(packb(snapshot.take(busy[0]))) > 2048
     links = [first, second]
     handoff = Handoff(lambda: links.pop(0), budget_bytes=2048, warn=warnings.append,
                       clock=clock, wall_clock=lambda: 0.0, liveness_every_s=0.0,
