@@ -13,14 +13,15 @@ Theory of operation
 -------------------
 * :meth:`LogCursor.add` numbers one callback's applied events into the open
   batch (the writer keeps whatever it wants per callback: the event objects,
-  their packed bytes) and says whether the batch closes after them
-  (``layout.closes_batch``).
+  their packed bytes) and says whether the batch closes after them: at the
+  end of a step (``layout.closes_batch``), or where a digest is due.
 * :meth:`LogCursor.take` hands the open batch over (its first ``seq`` and
   its items) and opens the next one.
-* :meth:`LogCursor.digest_due` is asked at a batch boundary, with the state
-  after the batch: a digest (or the engine's summary, which the recorder's
-  digest is checked against) is taken there and nowhere else, so a batch is
-  never split by a digest.
+* :meth:`LogCursor.digest_due` is asked when a batch closed, with the state
+  after it: a digest (or the engine's summary, which the recorder's digest
+  is checked against) follows the batch, so a digest never falls inside
+  one, and the recorder, taking the engine's batches as sent, puts its
+  digests where the engine's cursor did.
 * :meth:`LogCursor.skip_to` moves past events that are not in this log (a
   GAP: lost, or numbered by the engine before this recorder started); the
   open batch is dropped with them.
@@ -84,12 +85,14 @@ class LogCursor:
 
     def add(self, applied: Sequence[tuple[Any, Any]], item: Any) -> bool:
         """Number one callback's ``applied`` (event, outcome) pairs into the
-        open batch, kept there as ``item``; whether the batch closes now."""
+        open batch, kept there as ``item``; whether the batch closes now (a
+        step ended, the batch is full, or a digest is due)."""
         self.batch.append(item)
         count = len(applied)
         self.seq += count
         self.batch_events += count
-        return closes_batch(applied, self.batch_events, self.limit_events)
+        return (closes_batch(applied, self.batch_events, self.limit_events)
+                or self.seq >= self.next_digest > 0)
 
     def take(self) -> tuple[int, list[Any]]:
         """The open batch (its first ``seq``, its items); the next one opens at ``seq``."""
@@ -106,7 +109,7 @@ class LogCursor:
         self.seq = self.batch_seq = first_seq + events
 
     def digest_due(self, state: State | None) -> bool:
-        """At a batch boundary: whether a digest of ``state`` (the state
+        """When a batch closed: whether a digest of ``state`` (the state
         after the batch) is due; the next one is then scheduled. With
         ``state`` None (not known) none is due and the next one is
         ``digest_every`` events on."""

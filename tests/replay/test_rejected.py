@@ -191,8 +191,7 @@ def test_verify_reproduces_a_recorded_rejection(tmp_path: Path) -> None:
 
 def test_a_rejection_in_a_rotated_run_replays_from_the_whole_run_and_its_last_file(
         tmp_path: Path) -> None:
-    _record_short_hashes(tmp_path, max_file_bytes=1, paced=True,  # rotate at every batch,
-                         batch_events=1)  # which is every callback
+    _record_short_hashes(tmp_path, max_file_bytes=1, paced=True)  # rotate at every batch
     files = sorted(tmp_path.glob("*.lolog"))
     assert len(files) >= 2
     assert any(isinstance(r, Rejected) for r in _records(files[-1]))
