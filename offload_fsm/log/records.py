@@ -74,6 +74,7 @@ steps), each the identity for older records.
 
 from __future__ import annotations
 
+import enum
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -114,6 +115,7 @@ __all__ = [
     "Inputs",
     "LogRecord",
     "Rejected",
+    "RecordKind",
     "Snapshot",
     "encode_digest",
     "encode_end",
@@ -132,16 +134,35 @@ __all__ = [
 
 SCHEMA_VERSION: Final[int] = 7
 
-HEADER: Final[int] = 1
-INPUTS: Final[int] = 2
-DIGEST: Final[int] = 3
-GAP: Final[int] = 4
-END: Final[int] = 5
-REJECTED: Final[int] = 6  # added in schema 2
-SNAPSHOT: Final[int] = 7  # added in schema 3
-BATCH: Final[int] = 8  # added in schema 4
-INDEX: Final[int] = 9  # added in schema 4
-VANISHED: Final[int] = 10  # added in schema 6
+
+
+class RecordKind(enum.IntEnum):
+    """A payload's kind, the envelope's first item (the table above); never
+    renumbered, new kinds appended."""
+
+    HEADER = 1
+    INPUTS = 2
+    DIGEST = 3
+    GAP = 4
+    END = 5
+    REJECTED = 6  # added in schema 2
+    SNAPSHOT = 7  # added in schema 3
+    BATCH = 8  # added in schema 4
+    INDEX = 9  # added in schema 4
+    VANISHED = 10  # added in schema 6
+
+
+# The kinds by name, as the readers and writers of this package import them.
+HEADER: Final = RecordKind.HEADER
+INPUTS: Final = RecordKind.INPUTS
+DIGEST: Final = RecordKind.DIGEST
+GAP: Final = RecordKind.GAP
+END: Final = RecordKind.END
+REJECTED: Final = RecordKind.REJECTED
+SNAPSHOT: Final = RecordKind.SNAPSHOT
+BATCH: Final = RecordKind.BATCH
+INDEX: Final = RecordKind.INDEX
+VANISHED: Final = RecordKind.VANISHED
 
 PUB_TOPIC: Final[bytes] = b"lolog"
 """The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
