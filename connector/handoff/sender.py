@@ -27,6 +27,7 @@ __all__ = ["BUDGET_KEY", "COALESCE_BYTES", "Handoff"]
 
 COALESCE_BYTES: Final = 64 * 1024  # an open frame is handed over at this size
 BUDGET_KEY: Final = f"{PREFIX}_log_budget_mib"
+_STEP_HEAD: Final = pack_array_header(5) + packb(Message.STEP)  # a STEP message's first bytes
 _MIB = 1024 * 1024
 
 
@@ -288,7 +289,7 @@ class Handoff:
         if not self._cursor.batch:
             return
         first, batch = self._cursor.take()
-        message = b"".join((pack_array_header(5), packb(Message.STEP), packb(first),
+        message = b"".join((_STEP_HEAD, packb(first),
                             packb(self._wall()), packb(summary),
                             pack_array_header(len(batch)), *batch))
         self._hand(message, first)

@@ -14,7 +14,8 @@ Theory of operation
 * :meth:`LogCursor.add` numbers one callback's applied events into the open
   batch (the writer keeps whatever it wants per callback: the event objects,
   their packed bytes) and says whether the batch closes after them: at the
-  end of a step (``layout.closes_batch``), or where a digest is due.
+  end of a step (``layout.STEP_TYPES``), once it holds ``limit_events``
+  events, or where a digest is due.
 * :meth:`LogCursor.take` hands the open batch over (its first ``seq`` and
   its items) and opens the next one.
 * :meth:`LogCursor.digest_due` is asked when a batch closed, with the state
@@ -39,7 +40,7 @@ from typing import Any, Protocol
 
 from offload_fsm.log.layout import (
     BATCH_EVENTS,
-    closes_batch,
+    STEP_TYPES,
     first_digest_seq,
     next_digest_seq,
 )
@@ -91,7 +92,7 @@ class LogCursor:
         count = len(applied)
         self.seq += count
         self.batch_events += count
-        return (closes_batch(applied, self.batch_events, self.limit_events)
+        return (type(applied[0][0]) in STEP_TYPES or self.batch_events >= self.limit_events
                 or self.seq >= self.next_digest > 0)
 
     def take(self) -> tuple[int, list[Any]]:
