@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 
 from offload_fsm.digest import state_digest
-from offload_fsm.log.cursor import LogCursor
+from offload_fsm.log.cursor import LogCursor, run_header
 from offload_fsm.log.framing import frame
 from offload_fsm.log.names import file_name
 from offload_fsm.log.records import (
@@ -55,7 +55,6 @@ from offload_fsm.log.records import (
     encode_end,
     encode_header,
     encode_inputs,
-    run_header,
 )
 from offload_fsm.machine import drive
 from offload_fsm.queries import watches, window_depth

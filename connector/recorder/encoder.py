@@ -41,6 +41,7 @@ from offload_fsm.log.compact import (
     hash_reads,
     requests_of,
 )
+from offload_fsm.log.cursor import run_header
 from offload_fsm.log.peek import body_key
 from offload_fsm.log.records import (
     DIGEST,
@@ -61,11 +62,9 @@ from offload_fsm.log.records import (
     encode_snapshot,
     encode_vanished,
     encode_wire_inputs,
-    inputs_items,
-    run_header,
 )
 from offload_fsm.log.snapshot_pack import compact_snapshot
-from offload_fsm.log.wire import to_wire
+from offload_fsm.log.wire import inputs_items, to_wire
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 

@@ -27,7 +27,8 @@ Theory of operation
   GAP: lost, or numbered by the engine before this recorder started); the
   open batch is dropped with them.
 
-:class:`EventSink` is the contract the shell's manager records through:
+:func:`run_header` builds the header of every file a writer of a log
+starts. :class:`EventSink` is the contract the shell's manager records through:
 ``record`` each callback's applied events, ``record_rejected`` a callback
 whose step failed, ``close`` at shutdown. None of its methods may raise
 because of the log or block on I/O.
@@ -44,11 +45,12 @@ from offload_fsm.log.layout import (
     first_digest_seq,
     next_digest_seq,
 )
+from offload_fsm.log.records import SCHEMA_VERSION, Header
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = ["EventSink", "LogCursor"]
+__all__ = ["EventSink", "LogCursor", "run_header"]
 
 
 class EventSink(Protocol):
@@ -127,3 +129,15 @@ class LogCursor:
         self.seq = self.batch_seq = seq
         self.batch = []
         self.batch_events = 0
+
+
+def run_header(*, seq: int, wall_time_s: float, config: dict[str, Any], policy: str,
+               world_size: int, versions: dict[str, str], created_s: float,
+               file_index: int, digest_every: int, full_outcomes: bool,
+               engine_index: int) -> Header:
+    """The header of a file this version writes (every writer of a log builds
+    its headers here: the schema is always :data:`SCHEMA_VERSION`)."""
+    return Header(seq=seq, wall_time_s=wall_time_s, schema=SCHEMA_VERSION, config=config,
+                  policy=policy, world_size=world_size, versions=versions,
+                  created_s=created_s, file_index=file_index, digest_every=digest_every,
+                  full_outcomes=full_outcomes, engine_index=engine_index)

@@ -81,56 +81,16 @@ from typing import Any, Final
 
 import attrs
 
-from offload_fsm.log.wire import (
-    TO_WIRE,
-    OutcomeWire,
-    pack_array_header,
-    packb,
-    recorded_form,
-    to_wire,
-)
+from offload_fsm.log.wire import OutcomeWire, inputs_items, pack_array_header, packb, to_wire
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = [
-    "END",
-    "VANISHED",
-    "DIGEST",
-    "GAP",
-    "HEADER",
-    "INPUTS",
-    "PUB_TOPIC",
-    "REJECTED",
-    "SCHEMA_VERSION",
-    "SNAPSHOT",
-    "BATCH",
-    "INDEX",
-    "UPCASTERS",
-    "Index",
-    "Digest",
-    "End",
-    "Vanished",
-    "Gap",
-    "Header",
-    "Inputs",
-    "LogRecord",
-    "Rejected",
-    "RecordKind",
-    "Snapshot",
-    "encode_digest",
-    "encode_end",
-    "encode_vanished",
-    "encode_gap",
-    "encode_header",
-    "encode_index",
-    "encode_inputs",
-    "encode_wire_inputs",
-    "inputs_items",
-    "encode_rejected",
-    "encode_packed_snapshot",
-    "encode_snapshot",
-    "run_header",
-]
+__all__ = ["BATCH", "DIGEST", "END", "GAP", "HEADER", "INDEX", "INPUTS", "PUB_TOPIC",
+           "REJECTED", "SCHEMA_VERSION", "SNAPSHOT", "UPCASTERS", "VANISHED", "Digest", "End",
+           "Gap", "Header", "Index", "Inputs", "LogRecord", "RecordKind", "Rejected",
+           "Snapshot", "Vanished", "encode_digest", "encode_end", "encode_gap",
+           "encode_header", "encode_index", "encode_inputs", "encode_packed_snapshot",
+           "encode_rejected", "encode_snapshot", "encode_vanished", "encode_wire_inputs"]
 
 SCHEMA_VERSION: Final[int] = 7
 
@@ -327,18 +287,6 @@ class Index:
     key: int | None = None
 
 
-def run_header(*, seq: int, wall_time_s: float, config: dict[str, Any], policy: str,
-               world_size: int, versions: dict[str, str], created_s: float,
-               file_index: int, digest_every: int, full_outcomes: bool,
-               engine_index: int) -> Header:
-    """The header of a file this version writes (every writer of a log builds
-    its headers here: the schema is always :data:`SCHEMA_VERSION`)."""
-    return Header(seq=seq, wall_time_s=wall_time_s, schema=SCHEMA_VERSION, config=config,
-                  policy=policy, world_size=world_size, versions=versions,
-                  created_s=created_s, file_index=file_index, digest_every=digest_every,
-                  full_outcomes=full_outcomes, engine_index=engine_index)
-
-
 LogRecord = Header | Inputs | Digest | Gap | End | Rejected | Snapshot | Index | Vanished
 
 
@@ -378,20 +326,8 @@ def encode_inputs(
     return encode_wire_inputs(seq, wall_ms, inputs_items(applied, full_outcomes))
 
 
-def inputs_items(applied: Iterable[tuple[Event, Outcome]], full_outcomes: bool) -> list[Any]:
-    """``applied`` as an INPUTS record holds it: ``[ev_1, check_1, ev_2, ...]``
-    (the engine's hand-off sends each callback so)."""
-    table = TO_WIRE
-    items: list[Any] = []
-    append = items.append
-    for event, outcome in applied:
-        append(table[type(event)](event))
-        append(recorded_form(outcome, full_outcomes))
-    return items
-
-
 def encode_wire_inputs(seq: int, wall_ms: int, items: Iterable[Any]) -> bytes:
-    """An INPUTS payload of ``items`` (:func:`inputs_items`' form, events as wire tuples)."""
+    """An INPUTS payload of ``items`` (``log.wire.inputs_items``' form)."""
     return packb([INPUTS, seq, wall_ms, *items])
 
 
