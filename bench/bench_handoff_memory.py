@@ -4,8 +4,8 @@
 
 What it measures, and why: ``connector.handoff`` promises that what the engine
 holds for the log is bounded by its budget, bookkeeping included, however long
-it runs. This drives one :class:`~connector.handoff.Handoff` with a real
-recorder process (``connector.supervisor``) through ``--steps`` scheduler
+it runs. This drives one :class:`~connector.handoff.sender.Handoff` with a real
+recorder process (``connector.handoff.supervisor``) through ``--steps`` scheduler
 steps of the core (``offload_fsm.drive``; a short request now and then, empty
 steps between: the smallest STEP messages, the most bookkeeping per byte) at
 full speed, so the recorder falls behind now and then and outages, resumes and
@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
-from connector.handoff import Handoff
-from connector.supervisor import launcher
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
 from offload_fsm import Settings, drive, new_state
 from offload_fsm.testing.synthetic import default_config
 from offload_fsm.vocabulary.events import RequestArrived, RequestFinished, StepScheduled

@@ -9,7 +9,7 @@ up to ``--concurrency`` requests run at once; each prefills 1 to 16 chunks
 (at most 4 requests prefill per step), then decodes 40 to 600 tokens, one per
 step, offering a chunk each time its decode fills one (64 tokens); receipts
 come from every worker 1 to 3 steps after a store, 2 % fail. Every callback
-goes through ``connector.recording.EventRecorder`` (64 MiB files, each after
+goes through ``connector.recorder.recording.EventRecorder`` (64 MiB files, each after
 the first starting with a snapshot, one more every 10,000 events). Then it
 prints: bytes per step and per event, ``replay verify`` steps/s on one core
 and on every core (``--workers 0``; ``--verify-rounds`` rounds, alternating,
@@ -38,7 +38,7 @@ import attrs
 import msgpack
 
 from bench.trees import REPO
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from logfiles.runs import run_files
 from offload_fsm.log.batch import Deflater, Inflater, encode_batch
 from offload_fsm.log.framing import Record, frame, scan
@@ -85,7 +85,7 @@ def generate(directory: Path, steps: int, *, seed: int, concurrency: int,
     rng = random.Random(seed)
     config = default_config()
     recorder = EventRecorder(config, 2, str(directory), VERSIONS, prefix="longrun",
-                             queue_max_items=1 << 20, max_total_bytes=None,
+                             max_total_bytes=None,
                              register_atexit=False)
     world = DecodeWorld(state=new_state(config, world_size=2), pool=FakePool(pool_blocks),
                         sink=recorder.record)

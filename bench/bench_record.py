@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import bench_longrun
 from bench.trees import extracted
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from logfiles.runs import run_files
 from offload_fsm.log.records import SCHEMA_VERSION
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from logfiles.runs import run_files
 from logfiles.scan import Entry, read_log
 from offload_fsm.machine import step
@@ -65,7 +65,7 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     config = default_config()
     recorder = EventRecorder(config, 2, str(directory), VERSIONS, prefix="bench",
-                             queue_max_items=1 << 20, register_atexit=False)
+                             register_atexit=False)
     timed = TimedRecorder(recorder)
     started = time.perf_counter()
     world = run_workload(requests=args.requests, seed=1, config=config, sink=timed)

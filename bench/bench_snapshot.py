@@ -5,8 +5,8 @@
 The recorder takes a snapshot once per log rotation (every
 ``lmcache.mp.lazy_offload_log_max_file_mib``, 64 MiB by default), and the
 engine's hand-off one when it resumes after an outage:
-``digest.state_digest`` plus ``log.snapshot.to_wire``. Packing it to msgpack
-happens on the writer thread; ``from_wire`` only in ``replay``. This builds a
+``digest.state_digest`` plus ``log.snapshot.take``. Packing it to msgpack
+happens on the writer thread; ``snapshot.restore`` only in ``replay``. This builds a
 large state (``--ops`` buffered ops over ``--requests`` running requests,
 nothing drained: a FIFO threshold nobody reaches, and an EVICTION_AWARE
 state whose blocks are indexed in ``owners``) and prints, per policy, the
@@ -59,16 +59,16 @@ def _median_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(state: State, repeat: int) -> dict[str, float]:
-    wire = snapshot.to_wire(state)
+    wire = snapshot.take(state)
     packed = packb(wire)
     decoded = unpackb(packed)
-    assert state_digest(snapshot.from_wire(decoded, state.config)) == state_digest(state)
+    assert state_digest(snapshot.restore(decoded, state.config)) == state_digest(state)
     return {
         "ops": sum(len(rec.ops) for rec in state.requests.values()),
         "digest_ms": _median_ms(lambda: state_digest(state), repeat),
-        "to_wire_ms": _median_ms(lambda: snapshot.to_wire(state), repeat),
+        "take_ms": _median_ms(lambda: snapshot.take(state), repeat),
         "pack_ms": _median_ms(lambda: packb(wire), repeat),
-        "from_wire_ms": _median_ms(lambda: snapshot.from_wire(decoded, state.config), repeat),
+        "restore_ms": _median_ms(lambda: snapshot.restore(decoded, state.config), repeat),
         "kib": len(packed) / 1024,
     }
 
@@ -80,15 +80,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    print(f"{'policy':<16}{'ops':>7}{'digest ms':>11}{'to_wire ms':>12}{'scheduler ms':>14}"
-          f"{'pack ms':>9}{'from_wire ms':>14}{'KiB':>8}")
+    print(f"{'policy':<16}{'ops':>7}{'digest ms':>11}{'take ms':>12}{'scheduler ms':>14}"
+          f"{'pack ms':>9}{'restore ms':>14}{'KiB':>8}")
     for policy in Policy:
         state = build(policy, ops=args.ops, requests=args.requests)
         row = measure(state, args.repeat)
         print(f"{policy.value:<16}{row['ops']:>7}{row['digest_ms']:>11.2f}"
-              f"{row['to_wire_ms']:>12.2f}{row['digest_ms'] + row['to_wire_ms']:>14.2f}"
-              f"{row['pack_ms']:>9.2f}{row['from_wire_ms']:>14.2f}{row['kib']:>8.0f}")
-    print("scheduler ms = digest + to_wire: the scheduler thread's cost, once per rotation")
+              f"{row['take_ms']:>12.2f}{row['digest_ms'] + row['take_ms']:>14.2f}"
+              f"{row['pack_ms']:>9.2f}{row['restore_ms']:>14.2f}{row['kib']:>8.0f}")
+    print("scheduler ms = digest + take: the scheduler thread's cost, once per rotation")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ each phase:
 * ``core``: every ``offload_fsm.drive`` call (inside ``offer``, ``step``, ...);
 * ``commands``: executing the core's commands (pins, hash reads, stores);
 * ``fingerprints``, ``record`` (the event log's part on the scheduler thread:
-  ``connector.handoff.Handoff.record``, numbering and packing each callback's
+  ``connector.handoff.sender.Handoff.record``, numbering and packing each callback's
   events and handing each step to the recorder process over ZeroMQ), and
   inside it ``record pack`` (each callback's events to wire form and msgpack),
   ``record service`` (the recorder's replies read, its process watched) and
@@ -107,7 +107,7 @@ _SERVING: list[tuple[str, int]] = [("", -1)]
 _ARM_EVENTS: dict[tuple[str, int], dict[str, list[float]]] = {}
 _RUN_LOGS: dict[tuple[str, int], tuple[str, str]] = {}  # run -> (its log's directory, prefix)
 # each recorder launcher's settings (its log's directory and prefix), by the
-# launch function a Handoff holds (``connector.supervisor.launcher``)
+# launch function a Handoff holds (``connector.handoff.supervisor.launcher``)
 _SPECS: dict[Any, dict[str, Any]] = {}
 _UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
 _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)

@@ -14,7 +14,7 @@ a DIGEST record and its state is not decoded (``check_snapshots``: it is,
 and must rebuild a state with that digest). Where the state is unknown (the files before it are
 missing, deleted by retention; a lost event or a damaged span before it),
 folding starts again from it: the state is rebuilt by
-:func:`offload_fsm.log.snapshot.from_wire` and must match the snapshot's own
+:func:`offload_fsm.log.snapshot.restore` and must match the snapshot's own
 digest. So a file alone replays from its snapshot; a loss or damage is
 still reported, but the rest of the run is verified. A divergence or a
 rejection ends folding for good.
@@ -196,7 +196,7 @@ def _divergence(mismatch: Mismatch) -> Divergence:
 def _rebuilt(record: log_records.Snapshot, config: OffloadConfig, world_size: int) -> State | str:
     """The state ``record`` holds, or why it does not give one with its digest."""
     try:
-        state = snapshot.from_wire(record.wire(), config)
+        state = snapshot.restore(record.wire(), config)
     except LogCorrupt as error:
         return f"the snapshot before event {record.seq} does not decode: {error}"
     if state.world_size != world_size:

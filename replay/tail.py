@@ -69,7 +69,7 @@ def describe(record: LogRecord) -> str:
 
 
 # The largest message part the SUB socket accepts (``zmq.MAXMSGSIZE``): the
-# recorder publishes records of 256 KiB at most (``connector.recording``).
+# recorder publishes records of 256 KiB at most (``connector.recorder.stream``).
 # libzmq drops a connection that sends a larger one, before allocating it.
 MAX_MESSAGE_BYTES = 1 << 20
 ENDPOINT_SCHEMES = ("tcp://", "ipc://")

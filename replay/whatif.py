@@ -44,12 +44,12 @@ from typing import Any
 
 import attrs
 
+from logfiles.scan import LogDamage, read_log
 from offload_fsm.digest import state_digest
+from offload_fsm.log.cursor import LogCursor, run_header
 from offload_fsm.log.framing import frame
-from offload_fsm.log.layout import closes_batch, first_digest_seq, next_digest_seq
 from offload_fsm.log.names import file_name
 from offload_fsm.log.records import (
-    SCHEMA_VERSION,
     Header,
     Inputs,
     encode_digest,
@@ -82,7 +82,6 @@ from offload_fsm.vocabulary.events import (
     StepsPassed,
 )
 from offload_fsm.vocabulary.outcome import Outcome
-from replay.reader import LogDamage, read_log
 from replay.summary import SummaryObserver, summarize
 
 CAVEAT = (
@@ -256,11 +255,11 @@ def _scheduled(passed: PassedStep) -> StepScheduled:
 
 class LogWriter:
     """A synchronous, single-file log of a re-run, laid out as the connector's
-    recorder lays out its first file (replay never imports the connector):
-    header, one INPUTS record per scheduler step, a DIGEST every
-    ``digest_every`` events (at least 64 per live request, as the recorder
-    spaces them, so two logs of the same inputs hold digests at the same
-    ``seq``), END with the final digest. Outcomes are written in full."""
+    recorder lays out its first file (replay never imports the connector),
+    with the cursor every writer of a log keeps (``offload_fsm.log.cursor``):
+    header, one INPUTS record per batch, a DIGEST at a batch boundary where
+    one is due, so two logs of the same inputs hold their records at the
+    same ``seq``; END with the final digest. Outcomes are written in full."""
 
     def __init__(self, directory: str | os.PathLike[str], config: OffloadConfig,
                  world_size: int, *, digest_every: int = 1000, prefix: str = "whatif") -> None:
@@ -270,19 +269,13 @@ class LogWriter:
         self._file = open(path / file_name(prefix, 0), "xb",  # noqa: SIM115 (closed in close)
                           opener=lambda name, flags: os.open(name, flags, 0o600))
         self._created_s = time.time()
-        self._digest_every = digest_every
-        self._next_digest = first_digest_seq(digest_every)
-        self._seq = 0
-        self._batch: list[tuple[Event, Outcome]] = []
-        self._batch_seq = 0
-        header = Header(seq=0, wall_time_s=self._created_s, schema=SCHEMA_VERSION,
-                        config=Settings(offload=config).to_wire(),
-                        policy=config.policy.value,
-                        world_size=world_size,
-                        versions={"package": "replay whatif", "vllm": "", "lmcache": ""},
-                        created_s=self._created_s, digest_every=digest_every,
-                        full_outcomes=True)
-        self._write(encode_header(header))
+        self._cursor = LogCursor(digest_every=digest_every)
+        self._write(encode_header(run_header(
+            seq=0, wall_time_s=self._created_s, config=Settings(offload=config).to_wire(),
+            policy=config.policy.value, world_size=world_size,
+            versions={"package": "replay whatif", "vllm": "", "lmcache": ""},
+            created_s=self._created_s, file_index=0, digest_every=digest_every,
+            full_outcomes=True, engine_index=0)))
 
     def _write(self, payload: bytes) -> None:
         self._file.write(frame(payload))
@@ -291,28 +284,25 @@ class LogWriter:
         return round((time.time() - self._created_s) * 1000.0)
 
     def _flush(self) -> None:
-        if self._batch:
-            self._write(encode_inputs(self._batch_seq, self._ms(), self._batch,
+        if self._cursor.batch:
+            first, batch = self._cursor.take()
+            self._write(encode_inputs(first, self._ms(),
+                                      (pair for applied in batch for pair in applied),
                                       full_outcomes=True))
-            self._batch = []
-            self._batch_seq = self._seq
 
     def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
-        if not applied:
+        cursor = self._cursor
+        if not applied or not cursor.add(applied, applied):
             return
-        self._batch.extend(applied)
-        self._seq += len(applied)
-        if closes_batch(applied, len(self._batch)):
-            self._flush()
-        if self._seq >= self._next_digest > 0:
-            self._next_digest = next_digest_seq(self._seq, self._digest_every, state)
-            self._flush()
-            self._write(encode_digest(self._seq - 1, self._ms(), state_digest(state)))
+        self._flush()
+        if cursor.digest_due(state):
+            self._write(encode_digest(cursor.seq - 1, self._ms(), state_digest(state)))
 
     def close(self, state: State | None) -> None:
         self._flush()
         digest = state_digest(state) if state is not None and not state.closed else ""
-        self._write(encode_end(self._seq, self._ms(), self._seq, digest))
+        seq = self._cursor.seq
+        self._write(encode_end(seq, self._ms(), seq, digest))
         self._file.close()
 
 

@@ -3,7 +3,7 @@
 A log recorded from the real scheduler (``tests/data/sim_logs``) has what a
 synthetic workload lacks: prefix-cache hits re-offering a shared prompt,
 windows of hundreds of blocks. :func:`rerecord` folds its events through a
-fresh core and hands each outcome to a :class:`~connector.recording.EventRecorder`,
+fresh core and hands each outcome to a :class:`~connector.recorder.recording.EventRecorder`,
 so the current log format is exercised on real shapes (tests, and the
 golden log of a schema version: ``tests/data/make_golden.py``).
 

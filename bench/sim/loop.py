@@ -247,7 +247,7 @@ class Sim:
                                      "" if watch.exited else "did not exit")
                 res.log_events_lost = handoff.events_lost
                 res.log_bytes_in_flight_max = handoff.stats.bytes_in_flight_max
-                res.log_bytes_sent = handoff._sent
+                res.log_bytes_sent = handoff._flight.sent
         return res
 
 

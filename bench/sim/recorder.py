@@ -2,7 +2,7 @@
 
 Contract: :meth:`RecorderWatch.of` gives a watch on the recorder process of a
 lazy manager of ours (``EventSourcedManager._event_log``, a
-``connector.handoff.Handoff``), or None when there is none (no connector, a
+``connector.handoff.sender.Handoff``), or None when there is none (no connector, a
 stock arm, the log off). The loop calls, in order:
 
 * :meth:`~RecorderWatch.wait_up` before serving: waits until the recorder has
@@ -79,7 +79,7 @@ class RecorderWatch:
             if link is None:
                 break
             handoff._take_replies(link)
-            if handoff._acked >= handoff._sent:
+            if handoff._flight.acked >= handoff._flight.sent:
                 break
             time.sleep(0.005)
         self.started_cpu = self._sample()

@@ -43,14 +43,14 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestState
 from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
-from connector.eventlog import default_prefix
-from connector.handoff import Handoff
-from connector.recording import installed_versions
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
+from connector.recorder.recording import installed_versions
+from connector.recorder.writer import default_prefix
 from connector.shell import kv_events, metrics, shutdown_signal
 from connector.shell.candidates import source_of, storable_end
 from connector.shell.logs import LOGGER_NAME
 from connector.shell.manager import EventSourcedManager
-from connector.supervisor import launcher
 from offload_fsm import parse_config
 from offload_fsm.log.names import FILE_SUFFIX
 from offload_fsm.vocabulary.config import (

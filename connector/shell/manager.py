@@ -100,8 +100,8 @@ class EventSourcedManager:
     ) -> None:
         """``event_log``: where applied events are recorded (``record``,
         ``record_rejected``, ``close``): the hand-off to the recorder process
-        (``connector.handoff.Handoff``) in vLLM, an in-process
-        ``connector.recording.EventRecorder`` in tests and benches, None with
+        (``connector.handoff.sender.Handoff``) in vLLM, an in-process
+        ``connector.recorder.recording.EventRecorder`` in tests and benches, None with
         the log off. ``fingerprint``: of a block hash (default: this run's
         keyed one, ``blocks.fingerprinter``); ``run``: the event log's file
         prefix, which every warning about a request carries ("": no log)."""

@@ -263,7 +263,7 @@ class StatsSource:
     """
 
     def __init__(self, manager: Any, handoff: Any = None) -> None:
-        """``handoff``: the event log's ``connector.handoff.Handoff`` (its
+        """``handoff``: the event log's ``connector.handoff.sender.Handoff`` (its
         gauges), or None with the log off."""
         self._manager = manager
         self._handoff = handoff

@@ -34,7 +34,7 @@ reports as damage (exit 3) like any other:
   tables of block ids (the last hash of each, the last list holding each)
   hold at most :data:`MAX_POOL_BLOCKS` entries; a snapshot's stored keys at
   most ``state.STORED_KEYS_MAX``, as the core keeps them.
-* A snapshot's state (``log.snapshot.from_wire``): every record of a table
+* A snapshot's state (``log.snapshot.restore``): every record of a table
   has its width before any object is made for the table, so no state object
   comes from fewer decoded values than it holds.
 

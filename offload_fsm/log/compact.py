@@ -1,7 +1,7 @@
 """The compact event forms (schemas 4 and 5): window deltas, hash references, block-id runs.
 
 Pure module: standard library and ``msgpack`` only. The writer
-(``connector.recording``, on the writer thread) and the reader
+(``connector.recorder.encoder``, on the writer thread) and the reader
 (``log.decode.LogDecoder``) each keep one :class:`WireContext` per *segment*:
 a segment runs from a file's header, or from a SNAPSHOT record, to the next
 of either. Both reset their context there, so every segment decodes alone
@@ -34,7 +34,7 @@ segment are deflated as one stream (``log.batch``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, count, repeat
 from operator import is_not
 from typing import Any, Final
@@ -42,16 +42,16 @@ from typing import Any, Final
 from offload_fsm.log.bounds import MAX_POOL_BLOCKS, IdAllowance
 from offload_fsm.log.records import INPUTS
 from offload_fsm.log.runs import MIN_COPY, Lists, runs, unruns
-from offload_fsm.log.wire import TO_WIRE, OutcomeWire, packb, recorded_form
+from offload_fsm.log.wire import packb
 from offload_fsm.vocabulary.commands import ReadHashes
 from offload_fsm.vocabulary.errors import LogCorrupt
-from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = [
     "MAX_INDEX_REQUESTS",
     "WireContext",
     "encode_compact_inputs",
+    "hash_reads",
     "refer",
     "requests_of",
     "resolve",
@@ -310,31 +310,38 @@ def requests_of(wire: tuple[Any, ...]) -> Iterator[str]:
 def encode_compact_inputs(
     seq: int,
     wall_ms: int,
-    applied: Iterable[tuple[Event, Outcome | OutcomeWire | int]],
+    items: Sequence[Any],
     context: WireContext,
     requests: set[str] | None,
-    *,
-    full_outcomes: bool = False,
+    read_ids: Mapping[int, tuple[int, ...]],
 ) -> bytes:
-    """``log.records.encode_inputs`` with compact events (updating ``context``);
-    the request ids the events name are added to ``requests``. On an
+    """``log.records.encode_wire_inputs`` of ``items`` (``[ev_1, check_1,
+    ...]``, events as wire tuples) with compact events (updating
+    ``context``); the request ids the events name are added to
+    ``requests``. ``read_ids``: the block ids each ``ReadHashes`` command
+    read, by its ``batch_id`` (:func:`hash_reads`), so a ``HashesRead``'s
+    hashes can refer to their blocks; one not in it stays whole. On an
     exception ``context`` may be part-way: reset it (start a segment)."""
-    table = TO_WIRE
-    items: list[Any] = [INPUTS, seq, wall_ms]
-    append = items.append
+    out: list[Any] = [INPUTS, seq, wall_ms]
+    append = out.append
     compact = context.compact
-    read_ids: dict[int, tuple[int, ...]] = {}
-    for event, outcome in applied:
-        wire = table[type(event)](event)
+    for index in range(0, len(items), 2):
+        wire = items[index]
         if wire[0] == _HASHES:
-            append(compact(wire, read_ids.pop(wire[1], ())))
+            append(compact(wire, read_ids.get(wire[1], ())))
         else:
             append(compact(wire))
         if requests is not None and len(requests) < MAX_INDEX_REQUESTS:
             requests.update(requests_of(wire))
-        append(recorded_form(outcome, full_outcomes))
-        if type(outcome) is Outcome:  # a recorded form alone: its HashesRead stays whole
-            for command in outcome.commands:
-                if type(command) is ReadHashes:
-                    read_ids[command.batch_id] = command.block_ids
-    return packb(items)
+        append(items[index + 1])
+    return packb(out)
+
+
+def hash_reads(outcomes: Iterable[Outcome]) -> dict[int, tuple[int, ...]]:
+    """The block ids of each ``ReadHashes`` command in ``outcomes``, by its ``batch_id``."""
+    out: dict[int, tuple[int, ...]] = {}
+    for outcome in outcomes:
+        for command in outcome.commands:
+            if type(command) is ReadHashes:
+                out[command.batch_id] = command.block_ids
+    return out

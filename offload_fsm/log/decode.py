@@ -58,7 +58,7 @@ from offload_fsm.log.wire import ENUM_FIELDS, FIELD_NAMES
 from offload_fsm.vocabulary.errors import LogCorrupt, SchemaTooNew, UnknownTag
 from offload_fsm.vocabulary.events import EVENT_TYPES, Event
 
-__all__ = ["LogDecoder"]
+__all__ = ["LogDecoder", "build_event"]
 
 
 def _make_builder(cls: type[Any]) -> Callable[[Sequence[Any]], Any]:
@@ -98,7 +98,9 @@ _EVENT_BUILDERS: dict[int, Callable[[Sequence[Any]], Any]] = {
 }
 
 
-def _event(item: Any) -> Event:
+def build_event(item: Any) -> Event:
+    """The event of a wire tuple, built without the attrs ``__init__`` frame;
+    raises :class:`UnknownTag` or :class:`LogCorrupt`."""
     try:
         build = _EVENT_BUILDERS[item[0]]
     except KeyError:
@@ -172,7 +174,7 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
             wires = rest[0::2]
             if context is not None:
                 wires = tuple(map(context.expand, wires))
-            events = tuple(map(_event, wires))
+            events = tuple(map(build_event, wires))
             return Inputs(seq=seq, wall_time_s=created_s + wall / 1000.0, events=events,
                           checks=rest[1::2])
         if kind == DIGEST:
@@ -192,7 +194,7 @@ def _build(item: tuple[Any, ...], created_s: float, context: WireContext | None)
         if kind == REJECTED:
             event, reason = item[3:]
             return Rejected(seq=seq, wall_time_s=created_s + wall / 1000.0,
-                            event=_event(event), reason=reason)
+                            event=build_event(event), reason=reason)
         if kind == SNAPSHOT:
             digest, state = item[3:]
             if isinstance(state, bytes) and context is None:  # before schema 4; later: lazily

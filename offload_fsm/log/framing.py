@@ -14,7 +14,7 @@ Record format (all integers little-endian)::
 
 A log is a plain concatenation of records; there is no file header at the
 framing level (the connector writes a *header payload* as the first record
-of every file, see ``connector.eventlog``).
+of every file, see ``connector.recorder.writer``).
 
 Reader contract (:func:`scan`, :func:`scan_stream`):
 

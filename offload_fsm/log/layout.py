@@ -9,7 +9,8 @@ record.
   record carries a batch of them. A batch closes at the end of the callback
   that observed a ``StepScheduled`` or a ``StepsPassed`` (one scheduler step,
   or one run of passed steps, per record), or once it holds
-  :data:`BATCH_EVENTS` events (:func:`closes_batch`).
+  :data:`BATCH_EVENTS` events (:data:`STEP_TYPES`; ``log.cursor.LogCursor.add``
+  keeps the rule).
 * **Digests.** The first digest is due after ``digest_every`` events; after
   one at event ``end``, the next is due at least ``digest_every`` events on,
   and at least :data:`DIGEST_EVENTS_PER_LIVE` events per live request and
@@ -19,25 +20,18 @@ record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from offload_fsm.state import State
 from offload_fsm.vocabulary.events import StepScheduled, StepsPassed
 
-__all__ = ["BATCH_EVENTS", "DIGEST_EVENTS_PER_LIVE", "closes_batch", "first_digest_seq",
+__all__ = ["BATCH_EVENTS", "DIGEST_EVENTS_PER_LIVE", "STEP_TYPES", "first_digest_seq",
            "next_digest_seq"]
 
 BATCH_EVENTS: Final[int] = 256
 DIGEST_EVENTS_PER_LIVE: Final[int] = 64
-_STEP_TYPES: Final = frozenset((StepScheduled, StepsPassed))
-
-
-def closes_batch(applied: Sequence[tuple[Any, Any]], batch_size: int,
-                 batch_events: int = BATCH_EVENTS) -> bool:
-    """Whether the batch closes after one callback's ``applied`` (event,
-    outcome) pairs were added, leaving it ``batch_size`` events long."""
-    return type(applied[0][0]) in _STEP_TYPES or batch_size >= batch_events
+STEP_TYPES: Final = frozenset((StepScheduled, StepsPassed))
+"""The events whose callback ends a batch (one scheduler step, or one run of passed steps)."""
 
 
 def first_digest_seq(digest_every: int) -> int:

@@ -27,7 +27,7 @@ VANISHED    10   ``events_total, reason``: the engine died without a clean shutd
                  its recorder wrote what it had received and closed the log (schema 6)
 ==========  ===  =====================================================================
 
-A SNAPSHOT is ``log.snapshot.to_wire(state)`` with its ``digest.state_digest``. The
+A SNAPSHOT is ``log.snapshot.take(state)`` with its ``digest.state_digest``. The
 recorder writes one right after the header of every file but the first (and
 of a file that resumes the log after an I/O failure), so each file replays
 alone: retention may delete the files before it. In a schema 3 file a GAP
@@ -74,71 +74,55 @@ steps), each the identity for older records.
 
 from __future__ import annotations
 
+import enum
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
 
-from offload_fsm.log.wire import (
-    TO_WIRE,
-    OutcomeWire,
-    pack_array_header,
-    packb,
-    recorded_form,
-    to_wire,
-)
+from offload_fsm.log.wire import OutcomeWire, inputs_items, pack_array_header, packb, to_wire
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = [
-    "END",
-    "VANISHED",
-    "DIGEST",
-    "GAP",
-    "HEADER",
-    "INPUTS",
-    "PUB_TOPIC",
-    "REJECTED",
-    "SCHEMA_VERSION",
-    "SNAPSHOT",
-    "BATCH",
-    "INDEX",
-    "UPCASTERS",
-    "Index",
-    "Digest",
-    "End",
-    "Vanished",
-    "Gap",
-    "Header",
-    "Inputs",
-    "LogRecord",
-    "Rejected",
-    "Snapshot",
-    "encode_digest",
-    "encode_end",
-    "encode_vanished",
-    "encode_gap",
-    "encode_header",
-    "encode_index",
-    "encode_inputs",
-    "encode_rejected",
-    "encode_packed_snapshot",
-    "encode_snapshot",
-]
+__all__ = ["BATCH", "DIGEST", "END", "GAP", "HEADER", "INDEX", "INPUTS", "PUB_TOPIC",
+           "REJECTED", "SCHEMA_VERSION", "SNAPSHOT", "UPCASTERS", "VANISHED", "Digest", "End",
+           "Gap", "Header", "Index", "Inputs", "LogRecord", "RecordKind", "Rejected",
+           "Snapshot", "Vanished", "encode_digest", "encode_end", "encode_gap",
+           "encode_header", "encode_index", "encode_inputs", "encode_packed_snapshot",
+           "encode_rejected", "encode_snapshot", "encode_vanished", "encode_wire_inputs"]
 
 SCHEMA_VERSION: Final[int] = 7
 
-HEADER: Final[int] = 1
-INPUTS: Final[int] = 2
-DIGEST: Final[int] = 3
-GAP: Final[int] = 4
-END: Final[int] = 5
-REJECTED: Final[int] = 6  # added in schema 2
-SNAPSHOT: Final[int] = 7  # added in schema 3
-BATCH: Final[int] = 8  # added in schema 4
-INDEX: Final[int] = 9  # added in schema 4
-VANISHED: Final[int] = 10  # added in schema 6
+
+
+class RecordKind(enum.IntEnum):
+    """A payload's kind, the envelope's first item (the table above); never
+    renumbered, new kinds appended."""
+
+    HEADER = 1
+    INPUTS = 2
+    DIGEST = 3
+    GAP = 4
+    END = 5
+    REJECTED = 6  # added in schema 2
+    SNAPSHOT = 7  # added in schema 3
+    BATCH = 8  # added in schema 4
+    INDEX = 9  # added in schema 4
+    VANISHED = 10  # added in schema 6
+
+
+# The kinds by name, as the readers and writers of this package import them.
+HEADER: Final = RecordKind.HEADER
+INPUTS: Final = RecordKind.INPUTS
+DIGEST: Final = RecordKind.DIGEST
+GAP: Final = RecordKind.GAP
+END: Final = RecordKind.END
+REJECTED: Final = RecordKind.REJECTED
+SNAPSHOT: Final = RecordKind.SNAPSHOT
+BATCH: Final = RecordKind.BATCH
+INDEX: Final = RecordKind.INDEX
+VANISHED: Final = RecordKind.VANISHED
 
 PUB_TOPIC: Final[bytes] = b"lolog"
 """The ZeroMQ topic of the live stream: every message is ``[PUB_TOPIC, frame]``."""
@@ -265,8 +249,8 @@ class Rejected:
 
 @attrs.frozen(kw_only=True)
 class Snapshot:
-    """The whole state before event ``seq`` (``log.snapshot.to_wire``, decoded
-    into a state by ``log.snapshot.from_wire`` with the header's config), and
+    """The whole state before event ``seq`` (``log.snapshot.take``, decoded
+    into a state by ``log.snapshot.restore`` with the header's config), and
     its ``digest.state_digest``. A reader's ``state`` is a
     ``log.snapshot_pack.LazyState``, decoded when :meth:`wire` asks for it."""
 
@@ -339,13 +323,12 @@ def encode_inputs(
 ) -> bytes:
     """An INPUTS payload for events numbered from ``seq``; ``wall_ms`` is
     relative to the file header's ``created_s``."""
-    table = TO_WIRE
-    items: list[Any] = [INPUTS, seq, wall_ms]
-    append = items.append
-    for event, outcome in applied:
-        append(table[type(event)](event))
-        append(recorded_form(outcome, full_outcomes))
-    return packb(items)
+    return encode_wire_inputs(seq, wall_ms, inputs_items(applied, full_outcomes))
+
+
+def encode_wire_inputs(seq: int, wall_ms: int, items: Iterable[Any]) -> bytes:
+    """An INPUTS payload of ``items`` (``log.wire.inputs_items``' form)."""
+    return packb([INPUTS, seq, wall_ms, *items])
 
 
 def encode_digest(seq: int, wall_ms: int, digest: str) -> bytes:

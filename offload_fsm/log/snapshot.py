@@ -2,8 +2,8 @@
 record carries so that every log file replays alone. Pure: no clock, no I/O.
 
 Primitives:
-  to_wire(state)           a tuple of ints, floats, strings, None and tuples
-  from_wire(data, config)  a :class:`~offload_fsm.state.State` equal to the original
+  take(state)              a tuple of ints, floats, strings, None and tuples
+  restore(data, config)    a :class:`~offload_fsm.state.State` equal to the original
                            (same ``digest.state_digest``, same later outcomes)
 
 How it stays complete
@@ -32,8 +32,8 @@ after, so the rebuilt graph has the same sharing as the original. Other
 attrs classes (``StepContext``) are owned by one field and encoded inline,
 without names: their fields are only ever appended, and a record written
 before one existed decodes with its default.
-``config`` is not encoded: the file header carries it, and ``from_wire``
-takes it; nor are ``state.DERIVED``, which ``from_wire`` rebuilds.
+``config`` is not encoded: the file header carries it, and ``restore``
+takes it; nor are ``state.DERIVED``, which ``restore`` rebuilds.
 
 Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
 ``names`` is ``((class name, (field, ...)), ...)`` and each table is a
@@ -66,7 +66,7 @@ from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, StepConte
 from offload_fsm.vocabulary.config import OffloadConfig
 from offload_fsm.vocabulary.errors import LogCorrupt
 
-__all__ = ["SNAPSHOT_FORMAT", "encode_records", "from_wire", "names", "to_wire"]
+__all__ = ["SNAPSHOT_FORMAT", "encode_records", "names", "restore", "take"]
 
 SNAPSHOT_FORMAT: Final = 2
 """Bumped only if the layout above changes; field changes need no bump
@@ -323,7 +323,7 @@ _NAMES: Final = tuple((cls.__name__, _record(cls).names) for cls in _TOP)
 _BY_NAME: Final = {cls.__name__: cls for cls in _TOP}
 
 
-def to_wire(state: State) -> tuple[Any, ...]:
+def take(state: State) -> tuple[Any, ...]:
     """The state as nested tuples of plain values (see the module docstring).
 
     Fresh tuples throughout: the result shares nothing mutable with ``state``,
@@ -335,7 +335,7 @@ def to_wire(state: State) -> tuple[Any, ...]:
 
 def encode_records(state: State, emit: Callable[[type[Any], tuple[Any, ...]], None]
                    ) -> tuple[Any, ...]:
-    """:func:`to_wire`'s walk: returns the state's own record and hands each
+    """:func:`take`'s walk: returns the state's own record and hands each
     shared table's records to ``emit(cls, record)``, in table order (the
     tables are ``names()``' classes after ``State``), as they are made; so
     a caller that packs each at once never holds them all
@@ -361,18 +361,18 @@ def names() -> tuple[tuple[str, tuple[str, ...]], ...]:
     return _NAMES
 
 
-def from_wire(data: Any, config: OffloadConfig) -> State:
-    """A state rebuilt from :func:`to_wire` output (or its msgpack round trip)
+def restore(data: Any, config: OffloadConfig) -> State:
+    """A state rebuilt from :func:`take` output (or its msgpack round trip)
     under ``config``; raises :class:`LogCorrupt` on malformed input."""
     try:
-        return _from_wire(data, config)
+        return _restore(data, config)
     except LogCorrupt:
         raise
     except (TypeError, ValueError, KeyError, IndexError) as error:
         raise LogCorrupt(f"snapshot: {error!r}") from None
 
 
-def _from_wire(data: Any, config: OffloadConfig) -> State:
+def _restore(data: Any, config: OffloadConfig) -> State:
     if len(data) != 3 + len(_SHARED):
         raise LogCorrupt(f"snapshot: {len(data)} parts, expected {3 + len(_SHARED)}")
     version, names, body, *rows = data

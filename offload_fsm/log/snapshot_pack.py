@@ -109,7 +109,7 @@ def _expand_ops(wire: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
                      ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """``log.snapshot.to_wire`` output with its op records' block ids and hashes
+    """``log.snapshot.take`` output with its op records' block ids and hashes
     in compact forms (the module docstring) and its stored keys as
     ``{"front": k, "tail": keys}`` (drop ``k`` from the front of
     ``previous``, the keys of the file's snapshot before, then append
@@ -122,7 +122,7 @@ def compact_snapshot(wire: tuple[Any, ...], previous: tuple[Any, ...] | None
 def packed_snapshot(state: State, previous: tuple[Any, ...] | None
                     ) -> tuple[bytes, tuple[Any, ...]]:
     """The packed bytes of :func:`compact_snapshot` of
-    ``log.snapshot.to_wire(state)`` (the very bytes), and the keys for the
+    ``log.snapshot.take(state)`` (the very bytes), and the keys for the
     next one, made a record at a time: each table record is packed (an op's
     compacted first, in op order, as :func:`compact_snapshot` does) as the
     walk makes it, so the tables' tuples are never all alive at once. Built
@@ -215,7 +215,7 @@ class LazyState:
         self._error = ""
 
     def wire(self) -> tuple[Any, ...]:
-        """The state's ``log.snapshot.to_wire`` tuple."""
+        """The state's ``log.snapshot.take`` tuple."""
         if self._wire is None:
             self._expand()
         assert self._wire is not None

@@ -12,6 +12,7 @@ Primitives:
   from_wire(item)         the message back; :class:`LogCorrupt` or
                           :class:`UnknownTag` on bad input
   outcome_wire(outcome)   an outcome's decisions and commands as wire tuples
+  inputs_items(applied)   events and their recorded outcomes, as an INPUTS record holds them
   outcome_check(outcome)  the one-to-five-byte check an INPUTS record keeps
                           per event: 0 for an empty outcome, else a CRC32
                           (never 0) of its packed wire form
@@ -25,7 +26,7 @@ import enum
 import operator
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
@@ -44,6 +45,7 @@ __all__ = [
     "Message",
     "OutcomeWire",
     "from_wire",
+    "inputs_items",
     "outcome_check",
     "outcome_wire",
     "pack_array_header",
@@ -196,3 +198,15 @@ def wire_check(value: OutcomeWire) -> int:
     if not value[0] and not value[1]:
         return 0
     return _crc32(packb(value)) or 1
+
+
+def inputs_items(applied: Iterable[tuple[Event, Outcome]], full_outcomes: bool) -> list[Any]:
+    """``applied`` as an INPUTS record holds it: ``[ev_1, check_1, ev_2, ...]``
+    (the engine's hand-off sends each callback so)."""
+    table = TO_WIRE
+    items: list[Any] = []
+    append = items.append
+    for event, outcome in applied:
+        append(table[type(event)](event))
+        append(recorded_form(outcome, full_outcomes))
+    return items

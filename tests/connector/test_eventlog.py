@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from connector.eventlog import EventLogWriter
+from connector.recorder.writer import EventLogWriter
+from logfiles.runs import run_files
 from offload_fsm.log.framing import Damage, Record, frame, scan, scan_stream
-from replay.reader import run_files
+from tests.connector.plain_encoder import PlainEncoder
 
 HEADER = {"kind": "header", "schema": 1}
 
@@ -37,12 +38,13 @@ class Warnings:
             self.messages.append(message)
 
 
-def _writer(tmp_path: Path, warn: Warnings | None = None, **kw: object) -> EventLogWriter:
+def _writer(tmp_path: Path, warn: Warnings | None = None, **kw: Any) -> EventLogWriter:
+    encoder = PlainEncoder(kw.pop("encode", _encode), lambda: HEADER, _make_gap,
+                           **{key: kw.pop(key) for key in ("pack", "batchable", "item_events",
+                                                           "item_bytes") if key in kw})
     return EventLogWriter(
         tmp_path,
-        encode=kw.pop("encode", _encode),  # type: ignore[arg-type]
-        make_header=lambda: HEADER,
-        make_gap=_make_gap,
+        encoder=encoder,
         warn=warn if warn is not None else Warnings(),
         prefix=kw.pop("prefix", "test"),  # type: ignore[arg-type]
         register_atexit=False,
@@ -143,67 +145,6 @@ def _wait_empty(w: EventLogWriter) -> None:
     assert w.queue_len == 0
 
 
-def test_overflow_writes_gap_marker_and_warns_once(tmp_path: Path) -> None:
-    enc = BlockingEncoder()
-    warns = Warnings()
-    w = _writer(tmp_path, warns, encode=enc, queue_max_items=4)
-    enc.hold_writer(w, {"i": 0})
-    for i in range(1, 5):  # fills the queue
-        w.append({"i": i})
-    for i in range(5, 12):  # 7 items lost
-        w.append({"i": i})
-    assert w.items_lost == 7
-    assert len(warns.messages) == 1
-    assert "queue full" in warns.messages[0]
-    enc.drain(w)
-    w.append({"i": 12})  # room again: the gap marker goes in front of it
-    for i in range(13, 15):
-        w.append({"i": i})
-    assert w.close()
-    assert _read(w.files[0]) == [
-        HEADER,
-        {"i": 0, "block": True},
-        *[{"i": i} for i in range(1, 5)],
-        {"kind": "gap", "lost": 7},
-        *[{"i": i} for i in range(12, 15)],
-    ]
-    assert len(warns.messages) == 1
-    assert w.items_lost == 7
-    assert w.items_written == 8
-    assert w.gaps_written == 1
-
-
-def test_second_overflow_episode_is_not_warned_again_but_recorded(tmp_path: Path) -> None:
-    enc = BlockingEncoder()
-    warns = Warnings()
-    w = _writer(tmp_path, warns, encode=enc, queue_max_items=2)
-    for episode in range(2):
-        enc.hold_writer(w, {"e": episode, "i": 0})
-        for i in range(1, 6):  # 2 fit, 3 lost
-            w.append({"e": episode, "i": i})
-        enc.drain(w)
-        w.append({"e": episode, "i": 6})
-    assert w.close()
-    payloads = _read(w.files[0])
-    gaps = [p for p in payloads if isinstance(p, dict) and p.get("kind") == "gap"]
-    assert gaps == [{"kind": "gap", "lost": 3}, {"kind": "gap", "lost": 3}]
-    assert len(payloads) == 1 + 2 * (1 + 2 + 1 + 1)
-    assert w.items_lost == 6
-    assert len(warns.messages) == 1
-
-
-def test_pending_loss_is_recorded_on_close(tmp_path: Path) -> None:
-    enc = BlockingEncoder()
-    w = _writer(tmp_path, encode=enc, queue_max_items=1)
-    enc.hold_writer(w, {"i": 0})
-    w.append({"i": 1})
-    w.append({"i": 2})  # lost; the queue is still full when close() runs
-    enc.release.set()
-    assert w.close()
-    assert _read(w.files[0])[-1] == {"kind": "gap", "lost": 1}
-    assert w.items_lost == 1
-
-
 def test_close_is_idempotent_and_flushes(tmp_path: Path) -> None:
     warns = Warnings()
     w = _writer(tmp_path, warns, flush_interval_s=3600, flush_bytes=1 << 30)
@@ -264,13 +205,8 @@ def test_torn_tail_after_crash_is_reported_and_skipped(tmp_path: Path) -> None:
 
 
 def test_default_prefix_and_no_clobber(tmp_path: Path) -> None:
-    w = EventLogWriter(
-        tmp_path,
-        encode=_encode,
-        make_header=lambda: HEADER,
-        make_gap=_make_gap,
-        register_atexit=False,
-    )
+    w = EventLogWriter(tmp_path, encoder=PlainEncoder(_encode, lambda: HEADER, _make_gap),
+                       register_atexit=False)
     w.close()
     name = w.files[0].name
     assert name.endswith("-000000.lolog")
@@ -289,9 +225,10 @@ def test_atexit_flushes_on_interpreter_exit(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     code = (
         "import json, sys\n"
-        "from connector.eventlog import EventLogWriter\n"
-        "w = EventLogWriter(sys.argv[1], encode=lambda o: json.dumps(o).encode(),\n"
-        "    make_header=lambda: 'H', make_gap=lambda n: ['gap', n], prefix='x',\n"
+        "from connector.recorder.writer import EventLogWriter\n"
+        "from tests.connector.plain_encoder import PlainEncoder\n"
+        "w = EventLogWriter(sys.argv[1], encoder=PlainEncoder(\n"
+        "    lambda o: json.dumps(o).encode(), lambda: 'H', lambda n: ['gap', n]), prefix='x',\n"
         "    flush_interval_s=3600, flush_bytes=1 << 30)\n"
         "for i in range(2000):\n"
         "    w.append(i)\n"
@@ -372,7 +309,7 @@ def test_items_queued_just_before_close_are_written(
     queued before close(), so they reach the file (they were dropped as
     "appended during close()": the cause of a rare recorded log without its
     END). The interleaving is forced at that very point."""
-    import connector.eventlog as eventlog_module
+    import connector.recorder.writer as eventlog_module
 
     writers: list[EventLogWriter] = []
 
@@ -409,24 +346,24 @@ def _weight(item: object) -> int:
     return int(item.get("bytes", 0)) if isinstance(item, dict) else 0
 
 
-def test_the_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
-    """Items that weigh more than ``queue_max_bytes`` together are dropped
-    and counted, whatever the item bound; the gap marker says how many."""
-    enc = BlockingEncoder()
+def test_the_queue_never_drops_and_says_when_it_is_half_full(tmp_path: Path) -> None:
+    """The bound is the caller's (the recorder process takes nothing more in
+    while ``busy``): the writer keeps every item it is given."""
     warns = Warnings()
-    w = _writer(tmp_path, warns, encode=enc, queue_max_items=1000, item_bytes=_weight,
-                queue_max_bytes=100)
-    enc.hold_writer(w, {"i": 0})
-    for i in range(1, 4):  # 40 + 40 fit; the third does not
-        w.append({"i": i, "bytes": 40})
-    assert w.items_lost == 1
-    assert "100 bytes" in warns.messages[0]
+    enc = BlockingEncoder()
+    w = _writer(tmp_path, warns, encode=enc, item_bytes=_weight, queue_max_bytes=1000)
+    enc.hold_writer(w, {"i": -1})
+    for i in range(4):
+        w.append({"i": i, "bytes": 100})
+    assert not w.busy
+    w.append({"i": 4, "bytes": 100})
+    assert w.busy and w.queued_bytes == 500
+    for i in range(5, 20):  # past the bound: kept, the caller was told
+        w.append({"i": i, "bytes": 100})
     enc.drain(w)
-    w.append({"i": 4, "bytes": 40})
+    assert not w.busy
     assert w.close()
-    assert _read(w.files[0])[2:] == [{"i": 1, "bytes": 40}, {"i": 2, "bytes": 40},
-                                     {"kind": "gap", "lost": 1}, {"i": 4, "bytes": 40}]
-
+    assert w.items_lost == 0 and w.items_written == 21 and not warns.messages
 
 class _HangingFile:
     """A file whose writes hang until released (a hung mount)."""
@@ -455,11 +392,11 @@ def test_a_write_that_hangs_sends_the_writer_to_broken_mode(
     """A write that has not returned after ``io_stall_s``: the producer's
     next append turns the writer broken (one warning), and what comes is
     dropped and counted instead of queued behind the hung write."""
-    import connector.eventlog as eventlog
+    import connector.recorder.files as files
 
     release, entered = threading.Event(), threading.Event()
-    real_open = eventlog._open
-    monkeypatch.setattr(eventlog, "_open", lambda *a, **k: _HangingFile(
+    real_open = files._open
+    monkeypatch.setattr(files, "_open", lambda *a, **k: _HangingFile(
         real_open(*a, **k), release, entered, hang_after=1))  # the header goes through
     warns = Warnings()
     w = _writer(tmp_path, warns, io_stall_s=0.2, flush_bytes=1, item_bytes=_weight)
@@ -542,24 +479,24 @@ def test_a_link_planted_between_the_unlink_and_the_open_is_not_written_through(
     """The race the unlink alone leaves open: another user plants the link
     after it. The exclusive create refuses the existing name; the probe fails
     (the writer stays broken and probes again later) and the target is intact."""
-    import connector.eventlog as eventlog
+    import connector.recorder.files as files
 
     target = tmp_path / "victim"
     target.write_bytes(b"keep me")
     logs = tmp_path / "logs"
     w = _writer(logs, probe_bytes=16)
     probe = logs / f".{w.prefix}.probe"
-    real_open = eventlog._open
+    real_open = files._open
 
     def planting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
         if Path(path) == probe:
             probe.symlink_to(target)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(eventlog, "_open", planting_open)
+    monkeypatch.setattr(files, "_open", planting_open)
     try:
         w._probe()
     finally:
-        monkeypatch.setattr(eventlog, "_open", real_open)
+        monkeypatch.setattr(files, "_open", real_open)
         w.close()
     assert target.read_bytes() == b"keep me"

@@ -15,18 +15,9 @@ from typing import Any
 import attrs
 import pytest
 
-from connector.handoff import (
-    ACK,
-    END,
-    FAILED,
-    PROTOCOL,
-    RESYNC,
-    START,
-    STEP,
-    Handoff,
-    state_summary,
-)
-from connector.handoff import _flush_when_idle as module_flush_when_idle
+from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
+from connector.handoff.sender import Handoff
+from connector.handoff.sender import _flush_when_idle as module_flush_when_idle
 from offload_fsm import drive, new_state
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb
@@ -54,7 +45,7 @@ class FakeLink:
         return True
 
     def ack(self) -> None:
-        self.pending.append((ACK, self.bytes, None))
+        self.pending.append((Reply.ACK, self.bytes, None))
 
     def flush(self) -> bool:
         return self.accept
@@ -98,7 +89,7 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
 def _events(messages: list[Any]) -> int:
     count = 0
     for message in messages:
-        if message[0] == STEP:
+        if message[0] == Message.STEP:
             count += sum(len(callback) // 2 for callback in message[4])
     return count
 
@@ -109,8 +100,8 @@ def test_every_event_is_handed_over_in_order_with_its_check() -> None:
     handoff = _handoff([link], warnings, Clock(), budget=1 << 30)
     world = run_workload(requests=40, seed=1, sink=handoff.record)
     handoff.close(world.state)
-    assert link.messages[0] == (START, 0, 0.0, 0, None, PROTOCOL)
-    steps = [m for m in link.messages if m[0] == STEP]
+    assert link.messages[0] == (Message.START, 0, 0.0, 0, None, PROTOCOL)
+    steps = [m for m in link.messages if m[0] == Message.STEP]
     seq = 0
     for message in steps:
         assert message[1] == seq
@@ -119,7 +110,7 @@ def test_every_event_is_handed_over_in_order_with_its_check() -> None:
                 assert from_wire(wire) == world.applied[seq][0]
                 seq += 1
     assert seq == len(world.applied)
-    assert link.messages[-1][:2] == (END, seq)
+    assert link.messages[-1][:2] == (Message.END, seq)
     assert link.messages[-1][3] == state_summary(world.state)
     assert warnings == [] and handoff.events_lost == 0
 
@@ -151,13 +142,14 @@ def test_acknowledged_room_ends_the_outage_with_the_lost_count_and_a_snapshot() 
             link.ack()  # the recorder catches up, once
 
     world = run_workload(requests=100, seed=1, sink=sink)
-    starts = [m for m in link.messages if m[0] == START]
+    starts = [m for m in link.messages if m[0] == Message.START]
     assert len(starts) == 2
     _, seq, _, lost, packed, _ = starts[1]
     assert lost > 0 and packed is not None
-    restored = snapshot.from_wire(unpackb(packed), default_config())
+    restored = snapshot.restore(unpackb(packed), default_config())
     assert restored.step_index <= world.state.step_index
-    steps_after = [m for m in link.messages[link.messages.index(starts[1]):] if m[0] == STEP]
+    steps_after = [m for m in link.messages[link.messages.index(starts[1]):]
+                   if m[0] == Message.STEP]
     assert steps_after[0][1] == seq  # the events after the snapshot follow it
     assert handoff.stats.events_lost == lost
     assert len(warnings) == 2  # this outage, and the next (the recorder never acks again)
@@ -186,9 +178,9 @@ def test_a_dead_recorder_is_restarted_with_backoff_and_resumes_from_a_snapshot()
     assert handoff.stats.recorder_restarts == 1
     assert len(warnings) == 1 and "exited (code -9)" in warnings[0]
     start = second.messages[0]
-    assert start[0] == START and start[3] > 0 and start[4] is not None
+    assert start[0] == Message.START and start[3] > 0 and start[4] is not None
     assert handoff.stats.events_lost == start[3]
-    assert second.messages[-1][0] == END and second.messages[-1][4] is None
+    assert second.messages[-1][0] == Message.END and second.messages[-1][4] is None
 
 
 def test_a_recorder_that_cannot_start_is_tried_again_later() -> None:
@@ -211,7 +203,7 @@ def test_the_seal_returns_at_once_and_says_where_an_open_outage_began() -> None:
     lost_from = handoff.events_lost and len(world.applied) - handoff.events_lost
     handoff.close(world.state)
     end = link.messages[-1]
-    assert end[0] == END and end[1] == len(world.applied) and end[3] is None
+    assert end[0] == Message.END and end[1] == len(world.applied) and end[3] is None
     assert end[4] == lost_from  # the GAP the recorder writes starts there
     assert handoff.stats.events_lost == len(world.applied) - lost_from
     assert handoff.wait_for_end() is False  # nobody acknowledges here: it gives up
@@ -225,12 +217,12 @@ def test_resync_asks_for_a_snapshot_without_a_loss() -> None:
     def sink(applied: Any, state: Any) -> None:
         calls[0] += 1
         if calls[0] == 100:
-            link.pending.append((RESYNC,))
+            link.pending.append((Reply.RESYNC,))
         link.ack()
         handoff.record(applied, state)
 
     run_workload(requests=20, seed=1, sink=sink)
-    starts = [m for m in link.messages if m[0] == START]
+    starts = [m for m in link.messages if m[0] == Message.START]
     assert len(starts) == 2 and starts[1][3] == 0 and starts[1][4] is not None
     assert handoff.events_lost == 0
 
@@ -247,7 +239,7 @@ def test_a_packed_step_is_the_message_it_says() -> None:
     link = FakeLink()
     handoff = _handoff([link], [], Clock(), budget=1 << 30)
     world = run_workload(requests=3, seed=2, sink=handoff.record)
-    step = next(m for m in link.messages if m[0] == STEP)
+    step = next(m for m in link.messages if m[0] == Message.STEP)
     assert len(step) == 5 and isinstance(step[4], tuple)
     assert packb(step) and world.applied
 
@@ -268,11 +260,11 @@ class PipedLink(FakeLink):
         return True
 
     def ack(self) -> None:
-        self.pending.append((ACK, self.bytes, None))
+        self.pending.append((Reply.ACK, self.bytes, None))
 
 
 def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, PipedLink]:
-    from connector.recorder import Recorder
+    from connector.recorder.process import Recorder
     from offload_fsm import Settings
 
     spec = {"directory": str(tmp_path), "prefix": "run", "world_size": 2,
@@ -300,6 +292,43 @@ def test_the_recorder_logs_what_the_engine_hands_over_and_it_verifies(
     assert result.digests_checked >= 2
 
 
+def test_the_recorder_lays_out_the_engines_batches_as_an_in_process_recorder_does(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """One cursor (``offload_fsm.log.cursor``): the recorder process writes
+    each batch the engine sent as one INPUTS record, its digests where the
+    engine's cursor put them, so its log holds the same records at the same
+    ``seq`` as an in-process recorder fed the same events (what ``replay
+    diff`` compares); and it never rebuilds an event through
+    ``log.wire.from_wire``."""
+    import offload_fsm.log.wire as wire
+    from connector.recorder.recording import EventRecorder
+    from logfiles.scan import Entry, read_log
+    from offload_fsm.log.records import Digest, Inputs
+
+    def layout(directory: Any) -> list[tuple[str, int, int]]:
+        return [(type(e.record).__name__, e.record.seq,
+                 len(e.record.events) if isinstance(e.record, Inputs) else 0)
+                for e in read_log(directory) if isinstance(e, Entry)
+                and isinstance(e.record, (Inputs, Digest))]
+
+    monkeypatch.setattr(wire, "_TYPES", {})  # wire.from_wire would raise UnknownTag
+    handoff, link = _piped(tmp_path / "process", caplog)
+    world = run_workload(requests=60, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    monkeypatch.undo()
+    local = EventRecorder(default_config(), 2, str(tmp_path / "local"),
+                          {"package": "test", "vllm": "", "lmcache": ""}, prefix="run",
+                          digest_every=50, register_atexit=False)
+    again = run_workload(requests=60, seed=3, sink=local.record)
+    local.close(again.state)
+    assert again.applied == world.applied
+    recorded = layout(tmp_path / "process")
+    assert recorded == layout(tmp_path / "local")
+    assert any(kind == "Digest" for kind, _, _ in recorded)
+    assert not any("UnknownTag" in r.getMessage() for r in caplog.records)
+
+
 def test_a_live_state_changed_outside_step_shows_in_the_log(
         tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The engine's summary at a digest point differs from the recorder's
@@ -321,7 +350,7 @@ def test_a_live_state_changed_outside_step_shows_in_the_log(
         world = run_workload(requests=60, seed=3, sink=sink)
         handoff.close(world.state)
     assert any("differs from the engine's" in r.getMessage() for r in caplog.records)
-    assert len([m for m in link.messages if m[0] == START]) == 2
+    assert len([m for m in link.messages if m[0] == Message.START]) == 2
     result = replay(tmp_path)
     assert result.divergence is not None and result.divergence.kind == "digest"
     assert "differs from the snapshot's" in result.divergence.detail
@@ -342,10 +371,10 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
                       flush_every_s=0.01, register_atexit=False, idle_flush=False)
     world = run_workload(requests=20, seed=1, sink=handoff.record)
-    steps = len([m for m in link.messages if m[0] == STEP])
+    steps = len([m for m in link.messages if m[0] == Message.STEP])
     assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
     handoff.close(world.state)
-    assert flushes[0] <= 3 and link.messages[-1][0] == END
+    assert flushes[0] <= 3 and link.messages[-1][0] == Message.END
 
 
 # --------------------------------------------------------------------------
@@ -362,9 +391,9 @@ class DyingLink(FakeLink):
 
     def send(self, message: bytes) -> bool:
         super().send(message)
-        if self.messages[-1][0] == START:
+        if self.messages[-1][0] == Message.START:
             if self.failure is not None:
-                self.pending.append((FAILED, *self.failure))
+                self.pending.append((Reply.FAILED, *self.failure))
             self.code = 3 if self.failure is not None else 1
         return True
 
@@ -424,17 +453,17 @@ def test_a_persistent_resync_is_answered_with_backoff() -> None:
         def send(self, message: bytes) -> bool:
             super().send(message)
             self.ack()
-            if self.messages[-1][0] == START and self.messages[-1][4] is not None:
-                self.pending.append((RESYNC,))
+            if self.messages[-1][0] == Message.START and self.messages[-1][4] is not None:
+                self.pending.append((Reply.RESYNC,))
             return True
 
     link = Mismatched()
-    link.pending.append((RESYNC,))
+    link.pending.append((Reply.RESYNC,))
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
                       wall_clock=lambda: 0.0, liveness_every_s=0.5, backoff_s=(1.0, 60.0),
                       flush_every_s=0.0, register_atexit=False, idle_flush=False)
     _simulated(handoff, clock, minutes=5)
-    starts = [m for m in link.messages if m[0] == START and m[4] is not None]
+    starts = [m for m in link.messages if m[0] == Message.START and m[4] is not None]
     assert 5 <= len(starts) <= 11, len(starts)
     assert handoff.events_lost == 0
 
@@ -444,16 +473,16 @@ def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off
     """The outage cannot end while the snapshot does not fit: one warning
     naming the setting and the bytes needed, and the state is packed again
     only with the doubling backoff, not at every liveness check."""
-    import connector.handoff as module
+    import connector.handoff.sender as module
 
     packs = [0]
-    to_wire = module.snapshot.to_wire
+    take = module.snapshot.take
 
     def counted(state: Any) -> Any:
         packs[0] += 1
-        return to_wire(state)
+        return take(state)
 
-    monkeypatch.setattr(module.snapshot, "to_wire", counted)
+    monkeypatch.setattr(module.snapshot, "take", counted)
     clock = Clock()
     first, second = FakeLink(), FakeLink()
     warnings: list[str] = []
@@ -461,11 +490,11 @@ def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off
 
     def keep(applied: Any, state: Any) -> None:
         if len(state.stored_keys) > 20 and state.requests and not busy:
-            busy.append(snapshot.from_wire(unpackb(packb(snapshot.to_wire(state))),
+            busy.append(snapshot.restore(unpackb(packb(snapshot.take(state))),
                                            default_config()))
 
     run_workload(requests=60, seed=1, sink=keep)
-    assert len(packb(snapshot.to_wire(busy[0]))) > 2048
+    assert len(packb(snapshot.take(busy[0]))) > 2048
     links = [first, second]
     handoff = Handoff(lambda: links.pop(0), budget_bytes=2048, warn=warnings.append,
                       clock=clock, wall_clock=lambda: 0.0, liveness_every_s=0.0,
@@ -509,12 +538,12 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
     handoff.record(drive(state, step, lambda c: None), state)  # due: handed over
     step = attrs.evolve(step, time_s=1.0)
     handoff.record(drive(state, step, lambda c: None), state)  # within the hour: held
-    assert link.flushes == 2 and handoff._open_first is not None
+    assert link.flushes == 2 and handoff._flight.open_first is not None
     handoff._flush_every_s = 0.01  # the engine is idle from here on
     threading.Thread(target=module_flush_when_idle, args=(weakref.ref(handoff), 0.01),
                      daemon=True).start()
     assert flushed.wait(10.0), "the idle engine's last step was never handed over"
-    assert handoff._frames and handoff._open_first is None
+    assert handoff._flight.frames and handoff._flight.open_first is None
 
 
 def _unpacked_into(replies: list[Any], message: bytes) -> None:
@@ -527,7 +556,7 @@ def test_a_recorder_refuses_an_engine_of_another_protocol_once(
     START of another protocol version and refuses it (FAILED, which the
     engine warns about once). An engine from before the handshake does not
     read FAILED: the recorder says it on stderr itself, once per engine."""
-    from connector.recorder import Recorder
+    from connector.recorder.process import Recorder
     from offload_fsm import Settings
 
     spec = {"directory": str(tmp_path / "logs"), "prefix": "run", "world_size": 2,
@@ -535,15 +564,15 @@ def test_a_recorder_refuses_an_engine_of_another_protocol_once(
             "versions": {"package": "test", "vllm": "", "lmcache": ""},
             "max_file_bytes": 1 << 20, "max_total_bytes": None, "budget_bytes": 1 << 26,
             "endpoint": f"ipc://{tmp_path}/recorder-0.sock"}
-    for start in [(START, 0, 0.0, 0, None, PROTOCOL + 1), (START, 0, 0.0, 0, None),
-                  (START, 0, 0.0, 0, None)]:
+    for start in [(Message.START, 0, 0.0, 0, None, PROTOCOL + 1), (Message.START, 0, 0.0, 0, None),
+                  (Message.START, 0, 0.0, 0, None)]:
         replies: list[Any] = []
         recorder = Recorder(spec, functools.partial(_unpacked_into, replies))
         with caplog.at_level("WARNING", logger="connector.recorder"):
             recorder.handle(packb(start))
         assert recorder.done and recorder.failed and recorder.recorder is None
         ((kind, cause, why),) = replies
-        assert (kind, cause) == (FAILED, "protocol") and "restart vLLM" in why
+        assert (kind, cause) == (Reply.FAILED, "protocol") and "restart vLLM" in why
     said = [r.getMessage() for r in caplog.records if "speaks protocol" in r.getMessage()]
     assert len(said) == 1 and "one from before version 2" in said[0]
     assert not (tmp_path / "logs").exists()  # nothing written for a refused engine
@@ -576,16 +605,16 @@ def test_a_failure_inside_the_hand_off_is_an_outage_not_an_exception() -> None:
     handoff.close(world.state)
     assert len(warnings) == 1 and "the hand-off failed (RuntimeError('socket gone mad'))" \
         in warnings[0]
-    starts = [m for m in link.messages if m[0] == START]
+    starts = [m for m in link.messages if m[0] == Message.START]
     assert len(starts) == 2 and starts[1][3] > 0  # resumed with the loss counted
     assert handoff.stats.events_lost == starts[1][3] and handoff.stats.outages == 1
-    assert link.messages[-1][0] == END and link.messages[-1][1] == len(world.applied)
+    assert link.messages[-1][0] == Message.END and link.messages[-1][1] == len(world.applied)
 
 
 
 def _handed_over(requests: int) -> tuple[list[bytes], Any]:
     """The messages a hand-off sends for a seeded workload of ``requests``
-    (START first, END last), and the workload's world."""
+    (Message.START first, Message.END last), and the workload's world."""
     link = FakeLink()
     sent: list[bytes] = []
     take = link.send
@@ -602,9 +631,22 @@ def _handed_over(requests: int) -> tuple[list[bytes], Any]:
     return sent, world
 
 
+class _Stalled:
+    """The recorder's encoder, its payloads made by ``encode`` (one that stalls)."""
+
+    def __init__(self, encoder: Any, encode: Any) -> None:
+        self._encoder, self._encode = encoder, encode
+
+    def __call__(self, item: Any) -> bytes:
+        return self._encode(item)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._encoder, name)
+
+
 def _recorder(directory: Any, *, budget_bytes: int) -> Any:
     """A recorder (``connector.recorder.Recorder``, in this process) writing to ``directory``."""
-    from connector.recorder import Recorder
+    from connector.recorder.process import Recorder
     from offload_fsm import Settings
 
     spec = {"directory": str(directory), "prefix": "run", "world_size": 2,
@@ -631,14 +673,14 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     held = threading.Event()
     release = threading.Event()
-    encode = writer._encode
+    encoder = writer._encoder
 
     def stalled(item: Any) -> bytes:  # the writer thread, stuck on its disk
         held.set()
         release.wait(30.0)
-        return encode(item)
+        return encoder(item)
 
-    writer._encode = stalled  # type: ignore[method-assign]
+    writer._encoder = _Stalled(encoder, stalled)
     recorder.handle(sent[1])
     assert held.wait(10.0)
     gc.collect()
@@ -654,7 +696,7 @@ def test_the_recorders_writer_queue_is_bounded_in_the_bytes_its_objects_take(
         full = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-        writer._encode = encode  # type: ignore[method-assign]
+        writer._encoder = encoder
         release.set()
     deadline = time.monotonic() + 30.0
     while writer.queue_len and time.monotonic() < deadline:
@@ -673,20 +715,20 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
     the writer dropping events."""
     import zmq
 
-    from connector.recorder import _take_waiting
+    from connector.recorder.process import _take_waiting
 
     sent, world = _handed_over(200)
     recorder = _recorder(tmp_path, budget_bytes=256 << 10)
     recorder.handle(sent[0])  # START
     writer = recorder.recorder.writer  # type: ignore[union-attr]
     release = threading.Event()
-    encode = writer._encode
+    encoder = writer._encoder
 
     def stalled(item: Any) -> bytes:
         release.wait(30.0)
-        return encode(item)
+        return encoder(item)
 
-    writer._encode = stalled  # type: ignore[method-assign]
+    writer._encoder = _Stalled(encoder, stalled)
     context = zmq.Context()
     inbound, outbound = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
     try:
@@ -700,7 +742,7 @@ def test_a_recorder_whose_writer_is_behind_leaves_the_rest_in_its_socket(
         assert recorder.writer_busy and writer.items_lost == 0
     finally:
         release.set()
-        writer._encode = encode  # type: ignore[method-assign]
+        writer._encoder = encoder
         inbound.close(linger=0)
         outbound.close(linger=0)
         context.term()
@@ -713,7 +755,7 @@ def test_each_start_up_failure_names_its_cause_and_its_fix() -> None:
     import errno
     from pathlib import Path
 
-    from connector.recorder import cannot_record
+    from connector.recorder.process import cannot_record
 
     logs = Path("/var/log/lazy")
     for code, fix in [(errno.EROFS, "remount it read-write"), (errno.ENOSPC, "free space"),

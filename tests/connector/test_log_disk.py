@@ -17,19 +17,21 @@ from typing import Any
 
 import pytest
 
-from connector import eventlog
-from connector.recording import EventRecorder
+from connector.recorder import files as log_files
+from connector.recorder import writer as eventlog
+from connector.recorder.recording import EventRecorder
+from logfiles.scan import read_file
 from offload_fsm.log.framing import scan
 from offload_fsm.log.records import Gap, Header, Inputs, Snapshot
 from offload_fsm.state import State
 from offload_fsm.testing.synthetic import default_config, run_workload
 from offload_fsm.vocabulary.config import Settings, ShellConfig
-from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.events import Event, StepScheduled, StepsPassed
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.cli import main
-from replay.reader import read_file
 from replay.runner import replay
 from testkit.pacing import paced
+from tests.connector.plain_encoder import PlainEncoder
 
 VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 
@@ -37,6 +39,10 @@ VERSIONS = {"package": "test", "vllm": "", "lmcache": ""}
 def _recorder(directory: Path, prefix: str = "run", **options: Any) -> EventRecorder:
     return EventRecorder(default_config(), 2, str(directory), VERSIONS, prefix=prefix,
                          register_atexit=False, **options)
+
+
+def _plain() -> PlainEncoder:
+    return PlainEncoder(lambda item: item, lambda: b"H", lambda n: b"G")
 
 
 def _records(path: Path) -> list[Any]:
@@ -201,7 +207,7 @@ def test_retention_never_deletes_the_file_being_written(tmp_path: Path) -> None:
 
 
 class _FlakyDisk:
-    """``eventlog._open`` whose files raise ENOSPC on write and flush while ``full``."""
+    """``log_files._open`` whose files raise ENOSPC on write and flush while ``full``."""
 
     def __init__(self) -> None:
         self.full = False
@@ -267,7 +273,9 @@ class _Outage:
         assert writer is not None
         if self.calls == self.start:
             self.disk.full = True
-        elif self.calls == self.start + 1:
+        elif self.calls > self.start and not self.outage_s and \
+                type(applied[0][0]) in (StepScheduled, StepsPassed):
+            # This callback closed a batch: its write fails and breaks the writer.
             _wait(lambda: writer.broken)
             began = time.monotonic()
             time.sleep(self.hold_s)  # events keep coming, and are lost, while it is full
@@ -280,7 +288,7 @@ class _Outage:
 def test_a_full_disk_costs_events_and_the_log_resumes_when_space_returns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     disk = _FlakyDisk()
-    monkeypatch.setattr(eventlog, "_open", disk.open)
+    monkeypatch.setattr(log_files, "_open", disk.open)
     warnings: list[str] = []
     monkeypatch.setattr(eventlog._log, "warning", lambda message, *a: warnings.append(message))
     recorder = _recorder(tmp_path, retry_interval_s=0.05, digest_every=100)
@@ -318,14 +326,15 @@ def test_a_pending_batch_lost_to_a_full_disk_is_counted_by_its_events(
     each item (not the items): when the batch's write fails, every item is
     lost and the gap the log resumes with counts their events exactly."""
     disk = _FlakyDisk()
-    monkeypatch.setattr(eventlog, "_open", disk.open)
+    monkeypatch.setattr(log_files, "_open", disk.open)
     warnings: list[str] = []
     writer = eventlog.EventLogWriter(
-        tmp_path, encode=lambda item: repr(item).encode(), make_header=lambda: "header",
-        make_gap=lambda lost: ("gap", lost), warn=warnings.append, prefix="t",
-        register_atexit=False, flush_interval_s=60.0, retry_interval_s=0.01,
-        pack=b"|".join, batchable=lambda item: isinstance(item, tuple),
-        item_events=lambda item: item[1] if isinstance(item, tuple) else 1)
+        tmp_path, encoder=PlainEncoder(
+            lambda item: repr(item).encode(), lambda: "header", lambda lost: ("gap", lost),
+            pack=b"|".join, batchable=lambda item: isinstance(item, tuple),
+            item_events=lambda item: item[1] if isinstance(item, tuple) else 1),
+        warn=warnings.append, prefix="t", register_atexit=False, flush_interval_s=60.0,
+        retry_interval_s=0.01)
     disk.full = True  # the header is in; nothing after it goes out
     for events in (3, 1, 4, 1, 5):
         writer.append(("inputs", events))  # pending in one batch, not yet written
@@ -345,7 +354,7 @@ def test_a_pending_batch_lost_to_a_full_disk_is_counted_by_its_events(
 def test_a_full_disk_that_never_frees_keeps_serving_quietly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     disk = _FlakyDisk()
-    monkeypatch.setattr(eventlog, "_open", disk.open)
+    monkeypatch.setattr(log_files, "_open", disk.open)
     warnings: list[str] = []
     monkeypatch.setattr(eventlog._log, "warning", lambda message, *a: warnings.append(message))
     recorder = _recorder(tmp_path, retry_interval_s=0.01)
@@ -505,10 +514,12 @@ def test_a_writable_log_dir_gets_the_configured_bounds(
 
 _WRITER = """
 import os, sys, time
-from connector.eventlog import EventLogWriter
+from connector.recorder.writer import EventLogWriter
+from tests.connector.plain_encoder import PlainEncoder
 directory, prefix, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-w = EventLogWriter(directory, encode=lambda item: item, make_header=lambda: b"H" * 64,
-                   make_gap=lambda n: b"G", prefix=prefix, max_file_bytes=16 * 1024,
+w = EventLogWriter(directory, encoder=PlainEncoder(lambda item: item, lambda: b"H" * 64,
+                                                  lambda n: b"G"),
+                   prefix=prefix, max_file_bytes=16 * 1024,
                    max_total_bytes=64 * 1024, register_atexit=False, flush_interval_s=0.01)
 if mode == "idle":  # one file, open, and nothing more
     w.append(b"x" * 1024)
@@ -558,7 +569,8 @@ def test_a_shared_directory_keeps_its_bound_and_never_deletes_a_live_writers_fil
 
 def test_a_file_that_vanishes_or_may_not_be_deleted_is_skipped_and_the_pass_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import connector.eventlog as eventlog
+    import connector.recorder.retention as retention
+    import connector.recorder.writer as eventlog
 
     warnings: list[str] = []
     for n in range(6):
@@ -566,17 +578,16 @@ def test_a_file_that_vanishes_or_may_not_be_deleted_is_skipped_and_the_pass_goes
         os.utime(tmp_path / f"old-{n:06d}.lolog", (n, n))
     refused = {tmp_path / "old-000000.lolog": PermissionError(13, "not yours"),
                tmp_path / "old-000001.lolog": FileNotFoundError(2, "gone")}
-    real = eventlog._delete_unless_held
+    real = retention.delete_unless_held
 
     def delete(path: Path) -> bool:
         if path in refused:
             raise refused[path]
         return real(path)
 
-    monkeypatch.setattr(eventlog, "_delete_unless_held", delete)
-    w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item, make_header=lambda: b"H",
-                       make_gap=lambda n: b"G", warn=warnings.append, prefix="run",
-                       max_total_bytes=25_000, register_atexit=False)
+    monkeypatch.setattr(retention, "delete_unless_held", delete)
+    w = eventlog.EventLogWriter(tmp_path, encoder=_plain(), warn=warnings.append,
+                                prefix="run", max_total_bytes=25_000, register_atexit=False)
     w.close()
     left = sorted(p.name for p in tmp_path.glob("old-*"))
     assert left == ["old-000000.lolog", "old-000001.lolog", "old-000005.lolog"]
@@ -589,7 +600,7 @@ def test_files_another_writer_holds_do_not_starve_the_closed_ones(tmp_path: Path
     deleted (the oldest go until the rest fit)."""
     import fcntl
 
-    import connector.eventlog as eventlog
+    import connector.recorder.writer as eventlog
 
     live = tmp_path / "live-000000.lolog"
     live.write_bytes(b"\0" * 40_000)
@@ -598,10 +609,8 @@ def test_files_another_writer_holds_do_not_starve_the_closed_ones(tmp_path: Path
         os.utime(tmp_path / f"old-{n:06d}.lolog", (n, n))
     with live.open("rb") as holder:
         fcntl.flock(holder.fileno(), fcntl.LOCK_EX)  # another writer, alive
-        w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item,
-                                    make_header=lambda: b"H", make_gap=lambda n: b"G",
-                                    prefix="run", max_total_bytes=20_000,
-                                    register_atexit=False)
+        w = eventlog.EventLogWriter(tmp_path, encoder=_plain(), prefix="run",
+                                    max_total_bytes=20_000, register_atexit=False)
         w.close()
     left = sorted(p.name for p in tmp_path.glob("old-*"))
     assert left == ["old-000002.lolog", "old-000003.lolog", "old-000004.lolog"]
@@ -616,7 +625,7 @@ def test_a_file_that_cannot_be_locked_is_never_deleted(
     import errno
     import fcntl
 
-    import connector.eventlog as eventlog
+    import connector.recorder.writer as eventlog
 
     for n in range(4):
         (tmp_path / f"old-{n:06d}.lolog").write_bytes(b"\0" * 10_000)
@@ -626,9 +635,8 @@ def test_a_file_that_cannot_be_locked_is_never_deleted(
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     warnings: list[str] = []
-    w = eventlog.EventLogWriter(tmp_path, encode=lambda item: item, make_header=lambda: b"H",
-                                make_gap=lambda n: b"G", warn=warnings.append, prefix="run",
-                                max_total_bytes=15_000, register_atexit=False)
+    w = eventlog.EventLogWriter(tmp_path, encoder=_plain(), warn=warnings.append,
+                                prefix="run", max_total_bytes=15_000, register_atexit=False)
     w.close()
     assert len(list(tmp_path.glob("old-*"))) == 4
     (said,) = warnings

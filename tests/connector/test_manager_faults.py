@@ -20,7 +20,7 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp  # n
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
 
-from connector.recording import EventRecorder  # noqa: E402
+from connector.recorder.recording import EventRecorder  # noqa: E402
 from connector.shell import manager as manager_module  # noqa: E402
 from connector.shell.manager import EventSourcedManager  # noqa: E402
 from offload_fsm import OffloadConfig, Policy  # noqa: E402
@@ -41,7 +41,7 @@ class Shell:
 
     def __init__(self, *, log_dir: str | None = None, chunk_tokens: int = 0,
                  **config: Any) -> None:
-        """``log_dir``: record an event log there (``connector.recording``);
+        """``log_dir``: record an event log there (``connector.recorder.recording``);
         ``chunk_tokens``: LMCache's chunk (0: chunk-level dedup off)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()

@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from connector.handoff import Handoff
-from connector.recorder import EXIT_FAILED
-from connector.supervisor import launcher
+from connector.handoff.sender import Handoff
+from connector.handoff.supervisor import launcher
+from connector.recorder.process import EXIT_FAILED
+from logfiles.runs import run_files
 from offload_fsm import Settings, drive, new_state
 from offload_fsm.log.decode import LogDecoder
 from offload_fsm.log.framing import Record, scan
@@ -34,7 +35,6 @@ from offload_fsm.log.wire import unpackb
 from offload_fsm.testing.synthetic import default_config, run_workload
 from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB
 from offload_fsm.vocabulary.events import StepScheduled
-from replay.reader import run_files
 from replay.runner import replay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -343,7 +343,7 @@ def test_a_stopped_recorder_and_tiny_steps_hold_no_more_than_the_budget(
             ("handoff.py", "supervisor.py")]
     grown = sum(stat.size_diff for stat in after.filter_traces(ours).compare_to(
         before.filter_traces(ours), "filename"))
-    in_zeromq = h._sent - h._acked  # ZeroMQ's copies of the frames, not traced
+    in_zeromq = h._flight.sent - h._flight.acked  # ZeroMQ's copies of the frames, not traced
     assert h.events_lost > 10_000  # the budget filled: an outage
     assert grown + in_zeromq <= budget, (grown, in_zeromq)
     assert h.held_bytes >= grown + in_zeromq and h.stats.bytes_in_flight_max <= budget
@@ -477,7 +477,7 @@ def test_a_peer_declaring_a_huge_subscription_is_cut_off(tmp_path: Path) -> None
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    from connector.recording import pub_socket
+    from connector.recorder.stream import pub_socket
 
     context = zmq.Context()
     endpoint = f"ipc://{tmp_path}/pub.sock"
@@ -509,3 +509,14 @@ def test_vllms_way_out_waits_for_end_and_removes_the_sockets_directory(
     assert not link.endpoint_path.parent.exists()
     assert _wait_gone(link.pid)
     assert replay(tmp_path / "logs").ended_cleanly
+
+
+def test_the_recorder_finds_this_package_without_the_engines_pythonpath(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM may find the connector through ``kv_connector_module_path`` alone:
+    the recorder's path starts at the directory that holds ``connector``."""
+    from connector.handoff.supervisor import recorder_environment
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    first = recorder_environment()["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(first) / "connector" / "recorder" / "__main__.py").is_file()

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from offload_fsm.digest import state_digest
 from offload_fsm.log.records import SCHEMA_VERSION
 from replay.runner import config_of

@@ -95,7 +95,7 @@ def test_a_snapshot_restores_shared_entries_as_one_per_block() -> None:
     chunk = h.new_blocks(4)
     _offer(h, "a", chunk)
     _offer(h, "b", chunk)
-    restored = snapshot.from_wire(snapshot.to_wire(h.state), h.state.config)
+    restored = snapshot.restore(snapshot.take(h.state), h.state.config)
     assert check_all(restored) == []
     assert not any(type(restored.owners[b]) is Holders for b in chunk)
     assert {b: sorted(restored.owners[b]) for b in chunk} == {  # type: ignore[arg-type]

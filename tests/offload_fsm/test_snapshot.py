@@ -1,4 +1,4 @@
-"""``offload_fsm.log.snapshot``: the state survives ``to_wire``/``from_wire``
+"""``offload_fsm.log.snapshot``: the state survives ``take``/``restore``
 (through msgpack, as in a log) after every event of random runs, with its
 object identity, and the rebuilt state goes on exactly like the original."""
 
@@ -21,7 +21,7 @@ from offload_fsm.vocabulary.errors import LogCorrupt
 
 
 def _round_trip(state: State) -> State:
-    return snapshot.from_wire(unpackb(packb(snapshot.to_wire(state))), state.config)
+    return snapshot.restore(unpackb(packb(snapshot.take(state))), state.config)
 
 
 def _check_identity(state: State) -> None:
@@ -99,7 +99,7 @@ def test_every_field_of_every_record_class_is_on_the_wire() -> None:
     """A field added to a state class later travels without a change to
     log/snapshot.py (the codec is derived from the attrs fields). Only the
     config (in the header) and the derived indexes stay off."""
-    names = dict(snapshot.to_wire(new_state(default_config(), world_size=1))[1])
+    names = dict(snapshot.take(new_state(default_config(), world_size=1))[1])
     for cls in (State, RequestState, Op, Batch):
         expected = [f.name for f in attrs.fields(cls)
                     if f.name != "config" and f.name not in DERIVED]
@@ -108,26 +108,26 @@ def test_every_field_of_every_record_class_is_on_the_wire() -> None:
 
 def test_an_older_snapshot_without_a_field_takes_its_default() -> None:
     world = run_workload(requests=6, seed=2, pool_blocks=24, concurrency=3, max_chunks=3)
-    wire = list(snapshot.to_wire(world.state))
+    wire = list(snapshot.take(world.state))
     names = dict(wire[1])
     state_fields = list(names["State"])
     drop = state_fields.index("peak_blocks")
     names["State"] = tuple(n for n in state_fields if n != "peak_blocks")
     wire[1] = tuple(names.items())
     wire[2] = tuple(v for i, v in enumerate(wire[2]) if i != drop)
-    restored = snapshot.from_wire(tuple(wire), world.state.config)
+    restored = snapshot.restore(tuple(wire), world.state.config)
     assert restored.peak_blocks == 0.0
 
 
 def test_counters_added_later_start_at_zero_in_declaration_order() -> None:
     state = new_state(default_config(), world_size=1)
-    wire: list[Any] = list(snapshot.to_wire(state))
+    wire: list[Any] = list(snapshot.take(state))
     names = dict(wire[1])
     at = list(names["State"]).index("counters")
     body = list(wire[2])
     body[at] = body[at][:3]  # a snapshot from before the later counters existed
     wire[2] = tuple(body)
-    restored = snapshot.from_wire(tuple(wire), state.config)
+    restored = snapshot.restore(tuple(wire), state.config)
     assert list(restored.counters) == list(state.counters)
 
 
@@ -148,9 +148,9 @@ def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
         if not isinstance(record, Snapshot) or header is None:
             continue
         assert record.wire()[0] == 1
-        old = snapshot.from_wire(record.wire(), config_of(header))
+        old = snapshot.restore(record.wire(), config_of(header))
         assert state_digest(old) == record.digest
-        wire = snapshot.to_wire(old)
+        wire = snapshot.take(old)
         assert wire[0] == snapshot.SNAPSHOT_FORMAT == 2
         owners = wire[2][list(dict(wire[1])["State"]).index("owners")]
         assert len(owners) == 4  # blocks, counts, keys, refs: flat ints, no tuple per block
@@ -168,7 +168,7 @@ def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
     for event, _ in world.applied[: len(world.applied) // 2]:
         step(state, event)
     assert state.requests
-    wire: list[Any] = list(snapshot.to_wire(state))
+    wire: list[Any] = list(snapshot.take(state))
     if damage == "short":
         wire = wire[:3]
     elif damage == "format":
@@ -192,4 +192,4 @@ def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
     else:
         wire[3] = ()  # requests table gone, references dangle
     with pytest.raises(LogCorrupt):
-        snapshot.from_wire(tuple(wire), state.config)
+        snapshot.restore(tuple(wire), state.config)

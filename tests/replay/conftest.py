@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from offload_fsm.testing.synthetic import RecordingWorld, default_config, run_workload
 from offload_fsm.vocabulary.config import OffloadConfig
 from replay.cli import main

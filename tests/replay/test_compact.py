@@ -157,20 +157,20 @@ def test_snapshot_keys_travel_as_a_delta_against_the_snapshot_before() -> None:
     state = new_state(default_config(), world_size=2)
     base = 1 << 40  # keys are 64-bit fingerprints
     state.stored_keys = dict.fromkeys(range(base, base + 3000))
-    first, keys = compact_snapshot(snapshot.to_wire(state), None)
-    assert first == snapshot.to_wire(state)  # the file's first: whole
+    first, keys = compact_snapshot(snapshot.take(state), None)
+    assert first == snapshot.take(state)  # the file's first: whole
     for key in range(base, base + 50):
         del state.stored_keys[key]
     state.stored_keys.update(dict.fromkeys(range(base + 9000, base + 9020)))
-    second, _ = compact_snapshot(snapshot.to_wire(state), keys)
+    second, _ = compact_snapshot(snapshot.take(state), keys)
     assert len(msgpack.packb(second)) < len(msgpack.packb(first)) // 4
     back, _ = expand_snapshot(msgpack.unpackb(msgpack.packb(second), use_list=False), keys)
-    assert back == snapshot.to_wire(state)
+    assert back == snapshot.take(state)
     with pytest.raises(LogCorrupt, match="earlier snapshot"):
         expand_snapshot(second, None)
     del state.stored_keys[base + 300]  # out of the middle: whole again
-    third, _ = compact_snapshot(snapshot.to_wire(state), keys)
-    assert third == snapshot.to_wire(state)
+    third, _ = compact_snapshot(snapshot.take(state), keys)
+    assert third == snapshot.take(state)
 
 
 def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
@@ -197,7 +197,7 @@ def test_a_snapshot_packed_as_it_is_walked_is_the_same_bytes() -> None:
         step(state, event)
         if index % 100:
             continue
-        plain = snapshot.to_wire(state)
+        plain = snapshot.take(state)
         wire, whole_keys = compact_snapshot(plain, keys)
         packed, packed_keys = packed_snapshot(state, keys)
         assert packed == packb(wire), index
@@ -248,7 +248,7 @@ def test_a_snapshot_packed_as_it_is_walked_keeps_the_young_generation_small() ->
             gc.callbacks.remove(count)
         return collections[0]
 
-    whole = young_collections(lambda: packb(compact_snapshot(snapshot.to_wire(state), None)[0]))
+    whole = young_collections(lambda: packb(compact_snapshot(snapshot.take(state), None)[0]))
     walked = young_collections(lambda: packed_snapshot(state, None))
     assert whole >= 4 and walked <= whole // 4, (whole, walked)
 
@@ -323,7 +323,7 @@ def test_snapshot_ops_sharing_a_prefix_travel_as_references() -> None:
         step(state, CandidateOffered(req_id=f"r{n}", start_token=0, end_token=32 * len(ids),
                                      block_ids=ids, block_hashes=tuple((1 << 40) + b for b in ids),
                                      time_s=1.0, blocks_per_chunk=8))
-    wire = snapshot.to_wire(state)
+    wire = snapshot.take(state)
     packed, _ = compact_snapshot(wire, None)
     ops_at = 3 + 1  # (format, names, state, requests, ops, batches)
     assert len(msgpack.packb(packed[ops_at])) < len(msgpack.packb(wire[ops_at])) // 3
@@ -358,7 +358,7 @@ def _compact_forms_in(path: Path) -> tuple[int, int]:
 
 
 def test_a_real_schedulers_log_recorded_again_uses_runs_and_references(tmp_path: Path) -> None:
-    from connector.recording import EventRecorder
+    from connector.recorder.recording import EventRecorder
     from replay.runner import config_of
     from testkit.rerecord import rerecord
 
@@ -455,7 +455,7 @@ def test_lazy_snapshot_states_decode_in_order_when_used_and_refuse_when_damaged(
     for round_ in range(4):  # each snapshot's keys a delta against the one before
         state.stored_keys.update(dict.fromkeys(range(base + 100 * round_,
                                                      base + 100 * round_ + 100)))
-        wires.append(snapshot.to_wire(state))
+        wires.append(snapshot.take(state))
         compact, keys = compact_snapshot(wires[-1], keys)
         raws.append(zlib.compress(msgpack.packb(compact)))
     chain: list[LazyState] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from offload_fsm import OffloadConfig, Policy, new_state
 from offload_fsm.testing.synthetic import RecordingWorld
 from offload_fsm.testing.world import FakePool

@@ -110,7 +110,7 @@ def _tiny_snapshot_wire() -> tuple[object, ...]:
     from offload_fsm.state import new_state
     from offload_fsm.vocabulary.config import OffloadConfig
 
-    return snapshot.to_wire(new_state(OffloadConfig(), world_size=1))
+    return snapshot.take(new_state(OffloadConfig(), world_size=1))
 
 
 def test_reaching_the_memory_ceiling_is_a_message_and_exit_3(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from logfiles.scan import read_log
 from offload_fsm.log import records as logformat
 from offload_fsm.log.decode import LogDecoder

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 from hypothesis import settings
 
-from connector.recording import EventRecorder
+from connector.recorder.recording import EventRecorder
 from offload_fsm.log.framing import Record, frame, scan
 from offload_fsm.rules.lifecycle import SHUT_DOWN
 from offload_fsm.testing.synthetic import RecordingWorld

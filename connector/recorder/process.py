@@ -1,14 +1,14 @@
-"""The recorder process: ``python -m connector.recorder``, one per engine.
+"""The recorder process's loop and its handling of each message.
 
 It takes the engine's hand-off (``connector.handoff``) over a ZeroMQ PAIR
 socket and does everything else the event log needs, away from vLLM's
 process: it folds the events into a state of its own (checking each against
 the outcome the engine recorded, ``offload_fsm.refold``), and an
-:class:`~connector.recording.EventRecorder` encodes, compacts, compresses,
+:class:`~connector.recorder.recording.EventRecorder` encodes, compacts, compresses,
 frames, rotates, retains, indexes and publishes the live stream, taking
 digests and snapshots from that fold.
 
-Its settings arrive as one JSON object on stdin (``connector.supervisor``).
+Its settings arrive as one JSON object on stdin (``connector.handoff.supervisor``).
 
 Theory of operation
 -------------------
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import math
@@ -57,34 +58,23 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import msgpack
 import zmq
 
-from connector.handoff import (
-    ACK,
-    END,
-    FAILED,
-    PROTOCOL,
-    REJECT,
-    RESYNC,
-    START,
-    STEP,
-    state_summary,
-)
-from connector.recording import EventRecorder
+from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
+from connector.recorder.encoder import InputsBatch
+from connector.recorder.ondisk import events_on_disk
+from connector.recorder.recording import EventRecorder
 from offload_fsm.log import snapshot
-from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import Damage, scan_stream
-from offload_fsm.log.names import file_sort_key, parse_file_name
-from offload_fsm.log.records import Digest, Gap, Inputs, LogRecord, Rejected
-from offload_fsm.log.wire import from_wire, packb, unpackb
+from offload_fsm.log.compact import hash_reads
+from offload_fsm.log.decode import build_event
+from offload_fsm.log.wire import packb, unpackb
 from offload_fsm.refold import refold
 from offload_fsm.state import State, new_state
 from offload_fsm.vocabulary.config import parse_recorded_config
-from offload_fsm.vocabulary.errors import LogCorrupt
-from offload_fsm.vocabulary.events import Event
+from offload_fsm.vocabulary.outcome import Outcome
 
 __all__ = ["EXIT_FAILED", "Recorder", "cannot_record", "main"]
 
@@ -134,13 +124,13 @@ class Recorder:
 
     def _one(self, message: Any) -> None:
         kind = message[0]
-        if kind == STEP:
+        if kind == Message.STEP:
             self._step(*message[1:])
-        elif kind == START:
+        elif kind == Message.START:
             self._start(*message[1:])
-        elif kind == REJECT:
+        elif kind == Message.REJECT:
             self._reject(*message[1:])
-        elif kind == END:
+        elif kind == Message.END:
             self._end(*message[1:])
 
     def _start(self, seq: int, wall_s: float, lost: int, packed: bytes | None,
@@ -154,7 +144,7 @@ class Recorder:
         if packed is None:
             state = new_state(self._config, world_size=self._world_size)
         else:
-            state = snapshot.from_wire(unpackb(packed), self._config)
+            state = snapshot.restore(unpackb(packed), self._config)
         recorder = self.recorder
         if recorder is None:
             first = 0
@@ -199,26 +189,27 @@ class Recorder:
         """It cannot record: FAILED to the engine (which warns once per
         ``cause`` and starts a recorder again with backoff), then exit."""
         self.done = self.failed = True
-        self._reply(packb((FAILED, cause, why)))
+        self._reply(packb((Reply.FAILED, cause, why)))
 
     def _step(self, seq: int, wall_s: float, summary: Any, callbacks: Any) -> None:
+        """One batch as the engine sent it: folded, then recorded as it came."""
         recorder = self.recorder
         if recorder is None:
             return  # no START yet: nothing to record against
         if seq != self.next_seq:
             self._distrust(f"events {self.next_seq}..{seq - 1} never arrived")
-            recorder.lose(self.next_seq, seq)
-        per_event = self._message_bytes // max(1, sum(len(c) for c in callbacks) // 2)
-        for callback in callbacks:
-            pairs = self._pairs(callback)
-            recorder.record(self._fold(seq, pairs), self.state,
-                            size_bytes=queued_bytes(per_event, len(pairs)))
-            seq += len(pairs)
-        self.next_seq = seq
+            recorder.gap(self.next_seq, seq)
+        items = list(itertools.chain.from_iterable(callbacks))
+        events = len(items) // 2
+        read_ids = self._fold(seq, items)
+        self.next_seq = end = seq + events
         if summary is not None and self.state is not None \
                 and state_summary(self.state) != tuple(summary):
-            self._distrust(f"the state after event {seq - 1} differs from the engine's: a "
+            self._distrust(f"the state after event {end - 1} differs from the engine's: a "
                            "state changed outside the core's step")
+        recorder.record_batch(seq, InputsBatch(items=items, read_ids=read_ids), self.state,
+                              size_bytes=queued_bytes(self._message_bytes // max(1, events),
+                                                      events))
 
     def _reject(self, seq: int, wall_s: float, callback: Any, event_wire: Any,
                 reason: str) -> None:
@@ -226,14 +217,17 @@ class Recorder:
         if recorder is None:
             return
         if seq != self.next_seq:
-            recorder.lose(self.next_seq, seq)
+            recorder.gap(self.next_seq, seq)
             self.state = None
-        pairs = self._pairs(callback)
-        event = cast(Event, from_wire(event_wire))
-        applied = self._fold(seq, pairs)
-        recorder.record_rejected(applied, event, reason, self.state)
+        items = list(callback)
+        events = len(items) // 2
+        read_ids = self._fold(seq, items)
+        recorder.record_batch(seq, InputsBatch(items=items, read_ids=read_ids), None,
+                              size_bytes=queued_bytes(self._message_bytes // max(1, events),
+                                                      events))
+        recorder.reject(build_event(event_wire), reason)
         self.state = None  # a closed machine: nothing more to fold
-        self.next_seq = seq + len(pairs) + 1
+        self.next_seq = seq + events + 1
 
     def _end(self, seq: int, wall_s: float, summary: Any, lost_from: int | None) -> None:
         recorder = self.recorder
@@ -241,10 +235,10 @@ class Recorder:
         if recorder is None:
             return
         if lost_from is not None:
-            recorder.lose(min(lost_from, self.next_seq), seq)
+            recorder.gap(min(lost_from, self.next_seq), seq)
             self.state = None
         elif seq != self.next_seq:
-            recorder.lose(self.next_seq, seq)
+            recorder.gap(self.next_seq, seq)
             self.state = None
         state = self.state
         trusted = (state is not None and summary is not None
@@ -259,26 +253,25 @@ class Recorder:
 
     # -- helpers -------------------------------------------------------------
 
-    def _fold(self, seq: int, pairs: list[tuple[Event, Any]]) -> list[tuple[Event, Any]]:
-        """Fold ``pairs`` (events from ``seq`` with the engine's recorded
-        outcomes); returns what to record: the fold's outcomes where it
-        agrees (the log's compact forms use them), the engine's forms after."""
+    def _fold(self, seq: int, items: list[Any]) -> dict[int, tuple[int, ...]]:
+        """Fold the events of ``items`` (``[ev_1, recorded_1, ...]``, events
+        from ``seq`` as wire tuples, each with the engine's recorded
+        outcome), each built once without the attrs ``__init__``
+        (``log.decode.build_event``); returns the block ids each
+        ``ReadHashes`` of the fold read (the compact forms use them). A
+        mismatch distrusts the fold."""
         state = self.state
         if state is None:
-            return pairs
-        folded: list[tuple[Event, Any]] = []
+            return {}
+        outcomes: list[Outcome] = []
+        pairs = zip(map(build_event, items[::2]), items[1::2], strict=True)
         _, mismatch = refold(state, seq, pairs,
-                             lambda _seq, event, outcome, _state: folded.append((event, outcome)))
-        if mismatch is None:
-            return folded
-        self._distrust(f"event {mismatch.seq} ({type(mismatch.event).__name__}) decided "
-                       "otherwise in the recorder's fold than in the engine")
-        agreed = mismatch.seq - seq
-        return folded[:agreed] + pairs[agreed:]
-
-    def _pairs(self, callback: Any) -> list[tuple[Event, Any]]:
-        return [(cast(Event, from_wire(callback[i])), callback[i + 1])
-                for i in range(0, len(callback), 2)]
+                             lambda _seq, _event, outcome, _state: outcomes.append(outcome))
+        if mismatch is not None:
+            self._distrust(f"event {mismatch.seq} ({type(mismatch.event).__name__}) decided "
+                           "otherwise in the recorder's fold than in the engine")
+            del outcomes[mismatch.seq - seq:]
+        return hash_reads(outcomes)
 
     def _distrust(self, why: str) -> None:
         """The fold no longer stands for the engine's state: no digest or
@@ -289,7 +282,7 @@ class Recorder:
         if not self._warned:
             self._warned = True
             _log.warning("lazy offload recorder: %s; asking the engine for a snapshot", why)
-        self._reply(packb((RESYNC,)))
+        self._reply(packb((Reply.RESYNC,)))
 
     def _new_recorder(self, first_seq: int) -> EventRecorder:
         spec = self._spec
@@ -314,7 +307,7 @@ class Recorder:
         engine sends then waits in the socket, unacknowledged, so the
         engine's budget holds it rather than the writer dropping it."""
         writer = self._writer
-        return writer is not None and 2 * writer.queued_bytes >= writer.queue_max_bytes
+        return writer is not None and writer.busy
 
     def stats(self) -> dict[str, int]:
         recorder = self.recorder
@@ -333,51 +326,6 @@ def queued_bytes(wire_bytes_per_event: int, events: int) -> int:
     bytes, 290 to 670 bytes an event, on the synthetic workloads;
     ``tests/connector/test_handoff.py``)."""
     return events * (QUEUED_BYTES_PER_WIRE_BYTE * wire_bytes_per_event + QUEUED_BYTES_PER_EVENT)
-
-
-def events_on_disk(directory: Path, prefix: str) -> int | None:
-    """How many events the run ``prefix`` has in ``directory`` (the next
-    event's ``seq`` after the last its latest readable file holds); None if
-    it has no readable file (or ``directory`` is gone: the writer makes it
-    again)."""
-    try:
-        names = list(directory.iterdir())
-    except FileNotFoundError:
-        return None
-    files = sorted((path for path in names
-                    if (parsed := parse_file_name(path.name)) is not None
-                    and parsed[0] == prefix), key=lambda path: file_sort_key(path.name))
-    for path in reversed(files):
-        decoder = LogDecoder()
-        end: int | None = None
-        with contextlib.suppress(OSError), path.open("rb") as stream:
-            for item in scan_stream(stream):
-                if isinstance(item, Damage):
-                    decoder.lose()
-                    continue
-                try:
-                    records = decoder.decode_all(item.payload)
-                except LogCorrupt:
-                    continue
-                for record in records:
-                    after = _events_through(record)
-                    end = after if end is None else max(end, after)
-        if end is not None:
-            return end
-    return None
-
-
-def _events_through(record: LogRecord) -> int:
-    """The number of events a run has once ``record`` is in its log."""
-    if isinstance(record, Inputs):
-        return record.seq + len(record.events)
-    if isinstance(record, Gap):
-        return record.seq + record.lost_count
-    if isinstance(record, Rejected):
-        return record.seq + 1
-    if isinstance(record, Digest):
-        return record.seq + 1
-    return record.seq
 
 
 _FIXES = {
@@ -453,7 +401,7 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
         if taken != acked and not recorder.failed and (
                 now >= next_ack or taken - acked >= _ACK_BYTES or recorder.done):
             stats = recorder.stats() if now >= next_stats or recorder.done else None
-            _send(socket, packb((ACK, taken, stats)))
+            _send(socket, packb((Reply.ACK, taken, stats)))
             acked, next_ack = taken, now + _ACK_S
             if stats is not None:
                 next_stats = now + _STATS_S
@@ -484,7 +432,3 @@ def main() -> int:
     finally:
         socket.close()
         context.term()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,89 +1,7 @@
-"""The engine's side of the event log: number, pack, hand off; nothing more.
-
-vLLM's engine process pays for the log only here. Everything else (the fold
-that checks and snapshots, digests, compaction, compression, framing,
-rotation, retention, the index, the live stream) runs in a recorder process
-of its own (``connector.recorder``) that this side starts and supervises
-(``connector.supervisor``).
-
-Contract towards the caller (vLLM's scheduler thread)
------------------------------------------------------
-* :meth:`Handoff.record` takes what ``offload_fsm.drive`` returned and the
-  state after it. It numbers the events (``seq`` from 0, no holes) and packs
-  each with its outcome's check (``log.wire.outcome_check``; the outcome's
-  wire form with ``full_outcomes``) into msgpack bytes at once, so no event
-  object outlives the callback. The callback that closes a batch
-  (``log.layout.closes_batch``) sends the batch as one STEP message.
-* It never blocks on the recorder and never raises because of the log: a
-  failure of this code itself is an outage too (counted, one warning per
-  kind of error), so the log can never stop offload.
-  Messages are handed to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its
-  I/O thread moves them without the engine thread's GIL), several steps'
-  together as one *frame*: every ``flush_every_s`` (10 ms) or
-  :data:`COALESCE_BYTES`, and at once for START, REJECT and END. A daemon
-  thread hands over a frame left open longer than ``flush_every_s`` (an
-  engine gone idle after a step), so an engine killed outright loses at most
-  that much more. That thread and the scheduler thread share one lock; the
-  thread takes it only when it is free and holds it for one non-blocking
-  send, which is all the scheduler thread can ever wait for.
-* Bounded in bytes, bookkeeping included: what this side holds for the log
-  (the messages' bytes not yet acknowledged by the recorder, wherever they
-  are: the open frame, ZeroMQ's queues on either side, the socket between,
-  plus :data:`FRAME_BYTES` for each frame's bookkeeping here and in ZeroMQ,
-  and an eighth of the open frame, its buffer's growth room) never exceeds
-  ``budget_bytes``: one bookkeeping entry per frame, not per message, so
-  however small the steps (37 bytes, an empty step) the count holds; the
-  stats' ``bytes_in_flight`` is this count. The recorder acknowledges a frame once it
-  has taken it in (handed its events to its writer's queue, which has a
-  bound of its own: ``connector.recorder``). A message that does not fit,
-  or any message while the recorder is dead or stalled, is dropped and its
-  events counted: an *outage*. One warning per outage (one per cause while
-  the recorder keeps failing the same way), and the counters (:attr:`stats`).
-* When the recorder is back (acknowledging again, or restarted after it
-  died, with backoff), the next batch boundary ends the outage: a START
-  message with the number of events lost since the first one the recorder
-  never acknowledged and a snapshot of the live state, from which the
-  recorder restarts its fold; its log says GAP, then the snapshot.
-* Backoff that holds: a recorder that dies, or cannot be started, is
-  started again after ``backoff_s[0]``, doubling up to ``backoff_s[1]``; the
-  delay returns to its minimum only once a recorder acknowledged its START
-  (a recorder that dies on every START is not a storm). A recorder that
-  reports why it could not start (a FAILED reply: the log directory cannot be
-  written, a protocol version it does not speak) is warned about once per
-  cause, with the fix, until one starts. RESYNCs are answered with the same
-  doubling; a snapshot too large for the budget warns once, naming the
-  setting and the size it needs, and is tried again with that doubling.
-* :meth:`close` hands END to the recorder and returns at once. On vLLM's
-  way out (its scheduler's shutdown, :meth:`finish`; and at the
-  interpreter's exit, :func:`atexit`, where there is one) the engine waits
-  at most ``end_wait_s`` for the recorder to acknowledge END, so the END
-  lands when vLLM stops normally within its 5 s grace.
-
-Messages (msgpack arrays; see ``connector.recorder`` for what each becomes):
-
-======  =====================================================================
-kind    fields
-======  =====================================================================
-START   ``seq, wall_s, lost_events, snapshot, protocol`` (``snapshot`` None:
-        a fresh state at seq 0; ``protocol``: :data:`PROTOCOL`, which the
-        recorder must speak or refuse)
-STEP    ``seq, wall_s, summary, callbacks``: each callback a flat list
-        ``[event_wire, recorded, ...]``; ``summary`` (``state_summary``)
-        where a digest is due, else None
-REJECT  ``seq, wall_s, callback, event_wire, reason``: the poison path; the
-        callback's events from ``seq`` applied, the next one was rejected
-END     ``seq, wall_s, summary, lost_from``: ``summary`` None when the state
-        is not worth a digest; ``lost_from`` the first event of an outage
-        still open (None: none)
-======  =====================================================================
-
-The recorder answers ACK ``(ACK, bytes_total, stats)`` (what it has taken
-in, in bytes, and about once a second its writer's counters); RESYNC when
-its fold disagreed with a recorded outcome (a later batch boundary sends a
-START with a snapshot of the live state); FAILED ``(FAILED, cause, text)``
-just before it exits because it cannot record (``text`` says why and the
-fix; ``cause`` is what repeats).
-"""
+"""The engine's hand-off, :class:`Handoff`, on vLLM's scheduler thread: its
+contract is the package's (``connector.handoff``): number, pack and hand
+over each batch without blocking, within the byte budget; count what does
+not fit as an outage, ended by a START (lost count, snapshot)."""
 
 from __future__ import annotations
 
@@ -92,103 +10,25 @@ import math
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-import attrs
-
+from connector.handoff.link import FRAME_BYTES, Backoff, HandoffStats, InFlight, Link, growth
+from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from offload_fsm.log import snapshot
-from offload_fsm.log.layout import closes_batch, first_digest_seq, next_digest_seq
+from offload_fsm.log.cursor import LogCursor
 from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, pack_array_header, packb
 from offload_fsm.state import State
 from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB, PREFIX
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = ["ACK", "BUDGET_KEY", "COALESCE_BYTES", "END", "FAILED", "FRAME_BYTES", "PROTOCOL",
-           "REJECT", "RESYNC", "START", "STEP", "Handoff", "HandoffStats", "Link",
-           "state_summary"]
+__all__ = ["BUDGET_KEY", "COALESCE_BYTES", "Handoff"]
 
-START: Final = 1
-STEP: Final = 2
-REJECT: Final = 3
-END: Final = 4
-ACK: Final = 1
-RESYNC: Final = 2
-FAILED: Final = 3
-PROTOCOL: Final = 2  # the messages above; START carries it, the recorder refuses another
 COALESCE_BYTES: Final = 64 * 1024  # an open frame is handed over at this size
-# What one frame's bookkeeping is charged against the budget: this side's
-# entry for it (a tuple of two ints in a deque: about 130 bytes) and
-# ZeroMQ's (a 64-byte message slot in its pipe and the allocation's header).
-FRAME_BYTES: Final = 512
 BUDGET_KEY: Final = f"{PREFIX}_log_budget_mib"
+_STEP_HEAD: Final = pack_array_header(5) + packb(Message.STEP)  # a STEP message's first bytes
 _MIB = 1024 * 1024
-
-
-def state_summary(state: State) -> tuple[Any, ...]:
-    """An O(1) summary of ``state`` (sizes, id counters, counters), which the
-    recorder's fold must match at the same ``seq``: a live state changed
-    outside ``step`` shows."""
-    return (state.step_index, state.next_op_id, state.next_batch_id, len(state.requests),
-            len(state.batches), len(state.pins), len(state.stored_keys),
-            state.stored_keys_xor, state.free_blocks, state.closed,
-            tuple(state.counters.values()))
-
-
-class Link(Protocol):
-    """One recorder process and the socket to it (``connector.supervisor``)."""
-
-    def send(self, message: bytes) -> bool:
-        """Append ``message`` to the open frame (nothing reaches ZeroMQ before
-        :meth:`flush`). False if it could not be taken."""
-
-    def flush(self) -> bool:
-        """Hand the open frame to ZeroMQ as one message, without blocking;
-        False if it could not be (its messages are lost)."""
-
-    def replies(self) -> list[tuple[Any, ...]]:
-        """The recorder's messages that arrived, without blocking."""
-
-    def exit_code(self) -> int | None:
-        """None while the process runs."""
-
-    def close(self) -> None:
-        """Drop the socket (unsent messages are lost) and let the process go."""
-
-
-@attrs.define(kw_only=True)
-class HandoffStats:
-    """Counters for ``/metrics`` and the log lines."""
-
-    events_lost: int = 0  # numbered but never confirmed in the recorder's hands
-    outages: int = 0
-    recorder_restarts: int = 0
-    bytes_in_flight: int = 0  # held against the budget: unacknowledged bytes and bookkeeping
-    bytes_in_flight_max: int = 0
-
-
-@attrs.define(kw_only=True)
-class _Backoff:
-    """A delay that doubles from ``min_s`` up to ``max_s`` each time it is
-    taken, and is due again ``delay_s`` after that."""
-
-    min_s: float
-    max_s: float
-    delay_s: float = attrs.field(default=attrs.Factory(lambda self: self.min_s,
-                                                       takes_self=True))
-    due_at: float = 0.0
-
-    def take(self, now: float) -> float:
-        """Wait the current delay from ``now`` (returned), double the next."""
-        delay = self.delay_s
-        self.due_at = now + delay
-        self.delay_s = min(delay * 2, self.max_s)
-        return delay
-
-    def reset(self) -> None:
-        self.delay_s = self.min_s
 
 
 class Handoff:
@@ -218,8 +58,6 @@ class Handoff:
             raise ValueError(f"budget_bytes={budget_bytes!r}: expected an integer >= 1")
         self._launch = launch
         self._budget = budget_bytes
-        self._digest_every = digest_every
-        self._next_digest = first_digest_seq(digest_every)
         self._full = full_outcomes
         self._warn = warn
         self._clock = clock
@@ -227,27 +65,18 @@ class Handoff:
         self._liveness_every_s = liveness_every_s
         self._flush_every_s = flush_every_s
         self._next_flush = 0.0
-        self._restart = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
-        self._resync_backoff = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
-        self._snapshot_backoff = _Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._restart = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._resync_backoff = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
+        self._snapshot_backoff = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
         self._resynced_at = -float("inf")  # when the last resync's START went out
         self._end_wait_s = end_wait_s
         self._release = release
         self.stats = HandoffStats()
         self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
-        self._seq = 0
-        self._batch: list[bytes] = []  # packed callbacks of the open batch
-        self._batch_events = 0
-        self._batch_seq = 0
-        # The link: bytes handed over, handed to ZeroMQ and acknowledged; for
-        # each frame handed to ZeroMQ and not yet acknowledged, the byte total
-        # after it and its first seq; the open frame's first seq.
+        # seq, the open batch (each callback's packed events) and the next digest
+        self._cursor = LogCursor(digest_every=digest_every)
         self._link: Link | None = None
-        self._sent = 0
-        self._flushed = 0
-        self._acked = 0
-        self._frames: deque[tuple[int, int]] = deque()
-        self._open_first: int | None = None
+        self._flight = InFlight()  # the link's bytes against the budget
         self._last_flush = 0.0
         self._start_at: int | None = None  # the byte total that acknowledges a START
         self._lost_from: int | None = None  # in an outage since this seq
@@ -264,8 +93,8 @@ class Handoff:
         now = self._clock()
         link = self._try_launch(now, first=True)
         if link is not None:
-            if self._send(link, packb((START, 0, self._wall(), 0, None, PROTOCOL)), 0):
-                self._start_at = self._sent
+            if self._send(link, packb((Message.START, 0, self._wall(), 0, None, PROTOCOL)), 0):
+                self._start_at = self._flight.sent
                 self._flush(link)
             else:
                 self._outage(0, "the recorder did not take its start")
@@ -283,16 +112,13 @@ class Handoff:
     @property
     def events_lost(self) -> int:
         """Events that never reached the recorder, the open outage's included."""
-        open_ = self._seq - self._lost_from if self._lost_from is not None else 0
+        open_ = self._cursor.seq - self._lost_from if self._lost_from is not None else 0
         return self.stats.events_lost + open_
 
     @property
     def held_bytes(self) -> int:
         """What counts against the budget now (see the module docstring)."""
-        held = self._sent - self._acked + len(self._frames) * FRAME_BYTES
-        if self._open_first is not None:  # its buffer: over-allocated by an eighth at most
-            held += FRAME_BYTES + (self._sent - self._flushed) // 8
-        return held
+        return self._flight.held_bytes
 
     # -- the scheduler thread's calls ----------------------------------------
 
@@ -301,20 +127,14 @@ class Handoff:
         if self._closed or not applied:
             return
         with self._lock:
-            first = self._seq
+            cursor = self._cursor
+            end = cursor.seq + len(applied)
             try:
-                self._batch.append(self._pack(applied))
-                self._seq += len(applied)
-                self._batch_events += len(applied)
-                if closes_batch(applied, self._batch_events):
-                    summary = None
-                    if self._seq >= self._next_digest > 0:
-                        self._next_digest = next_digest_seq(self._seq, self._digest_every,
-                                                            state)
-                        summary = state_summary(state)
+                if cursor.add(applied, self._pack(applied)):
+                    summary = state_summary(state) if cursor.digest_due(state) else None
                     self._send_batch(summary, state)
             except Exception as error:
-                self._failed(error, first + len(applied))
+                self._failed(error, end)
 
     def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
                         reason: str, state: State) -> None:
@@ -323,16 +143,16 @@ class Handoff:
         if self._closed:
             return
         with self._lock:
-            end = self._seq + len(applied) + 1
+            cursor = self._cursor
+            end = cursor.seq + len(applied) + 1
             try:
                 # The open batch, before this callback; no START now: ``state``
                 # is already past the rejected event.
                 self._send_batch(None, state, service=False)
-                first = self._seq
-                message = packb((REJECT, first, self._wall(), self._pack(applied),
+                first = cursor.seq
+                message = packb((Message.REJECT, first, self._wall(), self._pack(applied),
                                  TO_WIRE[type(event)](event), reason))
-                self._seq += len(applied) + 1
-                self._batch_seq = self._seq
+                cursor.skip_to(end)
                 self._hand(message, first)
                 if self._link is not None:
                     self._flush(self._link)
@@ -349,7 +169,7 @@ class Handoff:
                 self._close(state)
             except Exception as error:
                 self._closed = True
-                self._failed(error, self._seq)
+                self._failed(error, self._cursor.seq)
 
     def _close(self, state: State | None) -> None:
         if state is not None:
@@ -358,15 +178,16 @@ class Handoff:
         self._closed = True
         link = self._link
         lost_from = self._lost_from
-        if lost_from is None and self._batch:  # a batch no state could send
-            lost_from = self._batch_seq
+        seq = self._cursor.seq
+        if lost_from is None and self._cursor.batch:  # a batch no state could send
+            lost_from = self._cursor.batch_seq
         if lost_from is not None:
-            self.stats.events_lost += self._seq - lost_from
+            self.stats.events_lost += seq - lost_from
             self._lost_from = None
         summary = state_summary(state) if state is not None and lost_from is None else None
-        message = packb((END, self._seq, self._wall(), summary, lost_from))
-        if link is not None and self._send(link, message, self._seq):
-            self._end_at = self._sent
+        message = packb((Message.END, seq, self._wall(), summary, lost_from))
+        if link is not None and self._send(link, message, seq):
+            self._end_at = self._flight.sent
             self._flush(link)
 
     def _failed(self, error: Exception, end_seq: int) -> None:
@@ -374,11 +195,9 @@ class Handoff:
         the open batch and the call fall into an outage, as a lost message's
         do (the next batch boundary tries to resume); serving, and offload,
         go on. Warned once per kind of error."""
-        first = min(self._batch_seq, self._seq)
-        self._seq = max(self._seq, end_seq)
-        self._batch = []
-        self._batch_events = 0
-        self._batch_seq = self._seq
+        cursor = self._cursor
+        first = min(cursor.batch_seq, cursor.seq)
+        cursor.skip_to(max(cursor.seq, end_seq))
         if self._lost_from is None:
             self._lost_from = first
             self.stats.outages += 1
@@ -398,13 +217,13 @@ class Handoff:
         if link is None or self._end_at is None:
             return False
         deadline = time.monotonic() + self._end_wait_s  # a real wait, whatever the clock
-        while self._acked < self._end_at and time.monotonic() < deadline:
+        while self._flight.acked < self._end_at and time.monotonic() < deadline:
             self._take_replies(link)
             if link.exit_code() is not None:
                 break
             time.sleep(0.005)
         self._take_replies(link)
-        return self._acked >= self._end_at
+        return self._flight.acked >= self._end_at
 
     def finish(self) -> bool:
         """At vLLM's shutdown, after :meth:`close`: :meth:`wait_for_end`, then
@@ -427,11 +246,11 @@ class Handoff:
     def flush_if_idle(self) -> None:
         """Hand over a frame left open for ``flush_every_s`` or more; never
         waits for the scheduler thread (it skips a turn instead)."""
-        if self._open_first is None or not self._lock.acquire(blocking=False):
+        if self._flight.open_first is None or not self._lock.acquire(blocking=False):
             return
         try:
             link = self._link
-            if (link is not None and self._open_first is not None
+            if (link is not None and self._flight.open_first is not None
                     and self._clock() - self._last_flush >= self._flush_every_s):
                 self._flush(link)
         finally:
@@ -467,16 +286,12 @@ class Handoff:
             self._next_flush = now + self._flush_every_s
             if service:
                 self._service(state)
-        batch = self._batch
-        if not batch:
+        if not self._cursor.batch:
             return
-        first = self._batch_seq
-        message = b"".join((pack_array_header(5), packb(STEP), packb(first),
+        first, batch = self._cursor.take()
+        message = b"".join((_STEP_HEAD, packb(first),
                             packb(self._wall()), packb(summary),
                             pack_array_header(len(batch)), *batch))
-        self._batch = []
-        self._batch_events = 0
-        self._batch_seq = self._seq
         self._hand(message, first)
         link = self._link
         if due and link is not None:
@@ -485,34 +300,27 @@ class Handoff:
             self._resume(link, state)
 
     def _hand(self, message: bytes, first_seq: int) -> None:
-        """Send ``message`` (events ``first_seq`` up to ``self._seq``), or let
+        """Send ``message`` (events ``first_seq`` up to the cursor's), or let
         its events fall into the outage."""
         link = self._link
         if link is None or self._lost_from is not None:
             self._outage(first_seq, "")
             return
-        if not self._fits(len(message)):
+        if not self._flight.fits(len(message), self._budget):
             self._outage(first_seq, "the recorder is not keeping up: the hand-off budget "
                          f"({self._budget} bytes) is full")
             return
         if not self._send(link, message, first_seq):
             self._outage(first_seq, "the recorder's socket refused a message")
 
-    def _fits(self, size: int) -> bool:
-        """Whether a message of ``size`` bytes keeps what is held within the budget."""
-        opening = FRAME_BYTES if self._open_first is None else 0
-        return self.held_bytes + opening + _growth(size) <= self._budget
-
     def _send(self, link: Link, message: bytes, first_seq: int) -> bool:
         """Append ``message`` (its events from ``first_seq``) to the open frame;
         hand the frame over once it reaches :data:`COALESCE_BYTES`."""
         if not link.send(message):
             return False
-        self._sent += len(message)
-        if self._open_first is None:
-            self._open_first = first_seq
+        open_bytes = self._flight.take(len(message), first_seq)
         self._note_held()
-        if self._sent - self._flushed >= COALESCE_BYTES:
+        if open_bytes >= COALESCE_BYTES:
             self._flush(link)
         return True
 
@@ -525,16 +333,14 @@ class Handoff:
     def _flush(self, link: Link) -> None:
         """Hand the open frame to ZeroMQ; if it refuses, the frame's events
         fall into an outage (and its bytes, never sent, out of the count)."""
-        first = self._open_first
+        first = self._flight.open_first
         if first is None:
             return
-        self._open_first = None
         self._last_flush = self._clock()
-        if link.flush():
-            self._frames.append((self._sent, first))
-            self._flushed = self._sent
+        handed = link.flush()
+        self._flight.flushed_frame(handed)
+        if handed:
             return
-        self._sent = self._flushed
         self._note_held()
         self._outage(first, "the recorder's socket refused a message")
 
@@ -559,22 +365,18 @@ class Handoff:
 
     def _take_replies(self, link: Link) -> None:
         for reply in link.replies():
-            if reply[0] == ACK:
-                self._acked = max(self._acked, int(reply[1]))
+            if reply[0] == Reply.ACK:
+                self._flight.acknowledge(int(reply[1]))
                 if len(reply) > 2 and reply[2] is not None:
                     self.recorder_stats = dict(reply[2])
-            elif reply[0] == RESYNC:
+            elif reply[0] == Reply.RESYNC:
                 self._resync = True
                 if self._clock() - self._resynced_at > self._resync_backoff.max_s:
                     self._resync_backoff.reset()  # the last mismatch is long past
-            elif reply[0] == FAILED and len(reply) > 2:
+            elif reply[0] == Reply.FAILED and len(reply) > 2:
                 self._failure = (str(reply[1]), str(reply[2]))
                 self._start_at = None  # that START was refused: the recorder is not up
-        frames = self._frames
-        acked = self._acked
-        while frames and frames[0][0] <= acked:
-            frames.popleft()
-        if self._start_at is not None and acked >= self._start_at:
+        if self._start_at is not None and self._flight.acked >= self._start_at:
             # A recorder took its START in: it is up; the next failure is news.
             self._start_at = None
             self._restart.reset()
@@ -583,8 +385,9 @@ class Handoff:
 
     def _died(self, link: Link, code: int, now: float) -> None:
         self._take_replies(link)  # a FAILED sent just before it exited
-        first = self._frames[0][1] if self._frames else (
-            self._open_first if self._open_first is not None else self._batch_seq)
+        first = self._flight.first_unacknowledged()
+        if first is None:
+            first = self._cursor.batch_seq
         delay = self._restart.take(now)
         failure, self._failure = self._failure, None
         if failure is not None:
@@ -601,13 +404,11 @@ class Handoff:
             link = self._launch()
         except Exception as error:  # never let the log hurt the engine
             delay = self._restart.take(now)
-            self._outage(self._batch_seq, f"the recorder could not start ({error!r}); "
+            self._outage(self._cursor.batch_seq, f"the recorder could not start ({error!r}); "
                          f"trying again in {delay:g} s", cause=f"launch {error!r}")
             return None
         self._link = link
-        self._sent = self._flushed = self._acked = 0
-        self._frames.clear()
-        self._open_first = None
+        self._flight = InFlight()
         self._next_liveness = now + self._liveness_every_s
         if not first:  # only after a death or a failed launch: in an outage, so the
             # new recorder's first message is the START that ends it
@@ -618,30 +419,31 @@ class Handoff:
         """End the outage (or resync the recorder's fold): START with the
         events not handed over since the outage began (none for a resync) and
         a snapshot of the live state, which holds them."""
-        lost_from = self._lost_from if self._lost_from is not None else self._seq
-        lost = self._seq - lost_from
+        seq = self._cursor.seq
+        lost_from = self._lost_from if self._lost_from is not None else seq
+        lost = seq - lost_from
         now = self._clock()
         resync_only = self._lost_from is None
         if now < self._resume_at or now < self._snapshot_backoff.due_at or (
                 resync_only and now < self._resync_backoff.due_at):
             return
-        if self._sent - self._acked > self._budget // 2:
+        if self._flight.sent - self._flight.acked > self._budget // 2:
             return  # a snapshot walks the state: not while the recorder is still full
         self._resume_at = now + self._liveness_every_s
         try:
-            message = packb((START, self._seq, self._wall(), lost,
-                             packb(snapshot.to_wire(state)), PROTOCOL))
+            message = packb((Message.START, seq, self._wall(), lost,
+                             packb(snapshot.take(state)), PROTOCOL))
         except Exception as error:  # a bug; stay in the outage, the warning says why
             self._outage(lost_from, f"the state snapshot failed ({error!r})")
             return
-        if not self._fits(len(message)):
-            needed = FRAME_BYTES + _growth(len(message))  # with nothing else held
+        if not self._flight.fits(len(message), self._budget):
+            needed = FRAME_BYTES + growth(len(message))  # with nothing else held
             if needed > self._budget:
                 self._too_large(needed, lost_from, now)
             return
-        if not self._send(link, message, self._seq):
+        if not self._send(link, message, seq):
             return
-        self._start_at = self._sent
+        self._start_at = self._flight.sent
         self._flush(link)
         if resync_only:
             self._resync_backoff.take(now)
@@ -649,9 +451,7 @@ class Handoff:
         self.stats.events_lost += lost
         self._lost_from = None
         self._resync = False
-        self._batch = []
-        self._batch_events = 0
-        self._batch_seq = self._seq
+        self._cursor.skip_to(seq)  # the open batch is in the snapshot
         self._snapshot_backoff.reset()
 
     def _too_large(self, needed: int, lost_from: int, now: float) -> None:
@@ -685,13 +485,6 @@ class Handoff:
         self._warn(f"event log: {why or 'the recorder is gone'}; serving continues, the "
                    "events are counted and the log records them as a GAP when recording "
                    "resumes")
-
-
-
-def _growth(size: int) -> int:
-    """What a message of ``size`` bytes adds to the count: its bytes and an
-    eighth, the open frame's buffer's room to grow."""
-    return size + size // 8
 
 
 def _flush_when_idle(ref: weakref.ref[Handoff], period_s: float) -> None:

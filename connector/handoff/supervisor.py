@@ -120,7 +120,7 @@ def recorder_environment() -> dict[str, str]:
     entries made absolute (the recorder runs in ``/``; an empty entry, the
     working directory, is dropped)."""
     env = dict(os.environ)
-    here = str(Path(__file__).resolve().parents[1])
+    here = str(Path(__file__).resolve().parents[2])
     entries = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([here, *entries])
     env["PYTHONSAFEPATH"] = "1"
