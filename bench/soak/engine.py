@@ -58,7 +58,7 @@ def api_server(model_dir: Path, kv_transfer_config: dict[str, Any] | None, log_p
 
 
 def processes(api_pid: int) -> dict[str, Any]:
-    """The engine core (``EngineCore`` in its title) and the recorder under the server."""
+    """The engine core (``EngineCore`` in its title) under the server, and its recorder."""
     import psutil
 
     found: dict[str, Any] = {}
@@ -73,8 +73,15 @@ def processes(api_pid: int) -> dict[str, Any]:
             continue
         if "EngineCore" in line and "engine" not in found:
             found["engine"] = proc.pid
-        elif "connector.recorder" in line and "recorder" not in found:
-            found["recorder"] = proc.pid
+    # The recorder left the engine's tree (connector.recorder.detach); its
+    # command line names its engine.
+    if "engine" in found:
+        mine = ["-m", "connector.recorder", str(found["engine"])]
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if cmdline[-3:] == mine:
+                found["recorder"] = proc.pid
+                break
     found["api"] = api_pid
     return found
 

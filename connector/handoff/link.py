@@ -12,6 +12,8 @@ reads.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections import deque
 from typing import Any, Final, Protocol
 
@@ -22,6 +24,7 @@ __all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "InFlight", "Link", "growth
 # What one frame's bookkeeping is charged against the budget: the hand-off's
 # entry for it (a tuple of two ints in a deque: about 130 bytes) and
 # ZeroMQ's (a 64-byte message slot in its pipe and the allocation's header).
+EXIT_UNSAID: Final = -1  # a recorder that ended without telling its exit code: a signal
 FRAME_BYTES: Final = 512
 
 
@@ -40,7 +43,8 @@ class Link(Protocol):
         """The recorder's messages that arrived, without blocking."""
 
     def exit_code(self) -> int | None:
-        """None while the process runs."""
+        """None while the process runs; then its exit code, or
+        :data:`EXIT_UNSAID` when it ended without one (killed)."""
 
     def close(self) -> None:
         """Drop the socket (unsent messages are lost) and let the process go."""
@@ -147,3 +151,23 @@ class InFlight:
     def first_unacknowledged(self) -> int | None:
         """The first event not acknowledged (a frame's, or the open frame's)."""
         return self.frames[0][1] if self.frames else self.open_first
+
+
+def exit_cause(code: int) -> tuple[str, str]:
+    """A dead recorder's cause (warned once per cause) and what to say of it."""
+    if code == EXIT_UNSAID:
+        return "killed", "the recorder process was killed (it said no exit code)"
+    return f"exit {code}", f"the recorder process exited (code {code})"
+
+
+def flush_when_idle(ref: weakref.ref[Any], period_s: float) -> None:
+    """The idle flush thread's loop over a hand-off (``Handoff.flush_if_idle``);
+    it ends with its hand-off (closed, or gone)."""
+    period_s = max(period_s, 0.001)
+    while True:
+        time.sleep(period_s)
+        handoff = ref()
+        if handoff is None or handoff._closed:
+            return
+        handoff.flush_if_idle()
+        del handoff

@@ -13,7 +13,16 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from connector.handoff.link import FRAME_BYTES, Backoff, HandoffStats, InFlight, Link, growth
+from connector.handoff.link import (
+    FRAME_BYTES,
+    Backoff,
+    HandoffStats,
+    InFlight,
+    Link,
+    exit_cause,
+    flush_when_idle,
+    growth,
+)
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from offload_fsm.log import snapshot
 from offload_fsm.log.cursor import LogCursor
@@ -101,7 +110,7 @@ class Handoff:
         if register_atexit:
             atexit.register(self.wait_for_end)
         if idle_flush:
-            threading.Thread(target=_flush_when_idle, args=(weakref.ref(self), flush_every_s),
+            threading.Thread(target=flush_when_idle, args=(weakref.ref(self), flush_every_s),
                              name="lazy-offload-handoff-flush", daemon=True).start()
 
     @property
@@ -393,7 +402,7 @@ class Handoff:
         if failure is not None:
             cause, why = failure[0], f"the recorder cannot record: {failure[1]}"
         else:
-            cause, why = f"exit {code}", f"the recorder process exited (code {code})"
+            cause, why = exit_cause(code)
         self._outage(first, f"{why}; starting it again in {delay:g} s", cause=cause)
         link.close()
         self._link = None
@@ -485,15 +494,3 @@ class Handoff:
         self._warn(f"event log: {why or 'the recorder is gone'}; serving continues, the "
                    "events are counted and the log records them as a GAP when recording "
                    "resumes")
-
-
-def _flush_when_idle(ref: weakref.ref[Handoff], period_s: float) -> None:
-    """The idle flush thread's loop; it ends with its hand-off (closed, or gone)."""
-    period_s = max(period_s, 0.001)
-    while True:
-        time.sleep(period_s)
-        handoff = ref()
-        if handoff is None or handoff._closed:
-            return
-        handoff.flush_if_idle()
-        del handoff

@@ -1,13 +1,17 @@
 """Starting the recorder process and the socket to it.
 
 One recorder per engine, started by :func:`launcher`'s function as
-``python -P -m connector.recorder`` in ``/`` (:func:`recorder_command`): a
-new interpreter (fork and exec), never a fork of vLLM's engine process,
+``python -P -m connector.recorder ENGINE_PID`` in ``/`` (:func:`recorder_command`):
+a new interpreter (fork and exec), never a fork of vLLM's engine process,
 which may hold CUDA state and threads, and one that imports nothing from
 the engine's working directory (a planted ``json.py`` there). It runs
 in a session of its own, so a Ctrl-C or a signal to vLLM's process group does
-not cut the log short: it ends at the engine's END, or, when the engine dies
-without one, when it sees its parent gone (``connector.recorder``).
+not cut the log short, and it leaves the engine's process tree at once
+(``connector.recorder.detach``), so vLLM's kill of that tree does not either:
+it ends at the engine's END, or, when the engine dies without one, when it
+sees the engine gone (``connector.recorder``). Not being the engine's child,
+it tells its pid and, at its exit, its exit code on the started process's
+standard output, which :class:`RecorderLink` reads without blocking.
 
 The socket is a ZeroMQ PAIR over ``ipc://`` in a directory only this user
 can enter (0700), one path per recorder started; the recorder binds it and
@@ -23,19 +27,25 @@ import atexit
 import itertools
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import zmq
 
+from connector.handoff.link import EXIT_UNSAID
 from offload_fsm.log.wire import unpackb
 
-__all__ = ["Launcher", "RecorderLink", "launcher", "recorder_command", "recorder_environment"]
+__all__ = ["Launcher", "RecorderLink", "launcher", "recorder_command",
+           "recorder_environment"]
+
+PID_WAIT_S: Final = 10.0  # the recorder's pid comes from a process that just started
 
 
 class RecorderLink:
@@ -56,16 +66,33 @@ class RecorderLink:
         self._socket.connect(endpoint)
         try:
             self._process = subprocess.Popen(
-                recorder_command(), stdin=subprocess.PIPE, cwd="/",
-                start_new_session=True, close_fds=True, env=recorder_environment())
-            assert self._process.stdin is not None
+                recorder_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                cwd="/", start_new_session=True, close_fds=True, env=recorder_environment())
+            assert self._process.stdin is not None and self._process.stdout is not None
             self._process.stdin.write(json.dumps(
                 {**spec, "endpoint": endpoint, "parent_pid": os.getpid()}).encode())
             self._process.stdin.close()
         except BaseException:
             self._socket.close(linger=0)
             raise
-        self.pid = self._process.pid
+        # The recorder's pid, then its exit code (connector.recorder.detach).
+        self._told = self._process.stdout.fileno()
+        os.set_blocking(self._told, False)
+        self._lines: list[int] = []
+        self._partial = b""
+        self._told_all = False  # end of file: the recorder is gone
+
+    @property
+    def pid(self) -> int:
+        """The recorder's pid (waits for it, at most :data:`PID_WAIT_S`, the
+        first time): the started process forks it and exits."""
+        deadline = time.monotonic() + PID_WAIT_S
+        while not self._lines and not self._told_all and time.monotonic() < deadline:
+            select.select([self._told], [], [], 0.05)
+            self._read_told()
+        if not self._lines:
+            raise ProcessLookupError("the recorder never said its pid")
+        return self._lines[0]
 
     def send(self, message: bytes) -> bool:
         """Append ``message`` to the open frame."""
@@ -99,18 +126,46 @@ class RecorderLink:
         return out
 
     def exit_code(self) -> int | None:
-        return self._process.poll()
+        """None while the recorder runs; its exit code once it said one;
+        :data:`EXIT_UNSAID` when it ended without (a signal); the started
+        process's own code when it failed before the recorder forked."""
+        started = self._process.poll()
+        if started:
+            return started
+        self._read_told()
+        if len(self._lines) > 1:
+            return self._lines[1]
+        return EXIT_UNSAID if self._told_all else None
 
     def close(self) -> None:
         self._socket.close(linger=0)
-        self._process.poll()  # reap it if it is gone
+        self._process.poll()  # reap the started process
+        assert self._process.stdout is not None
+        self._process.stdout.close()
+
+    def _read_told(self) -> None:
+        if self._told_all:
+            return
+        try:
+            data = os.read(self._told, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._told_all = True
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self._lines.extend(int(line) for line in lines if line.strip().lstrip(b"-").isdigit())
 
 
-def recorder_command() -> list[str]:
-    """``python -P -m connector.recorder``: with ``-P`` (and
+def recorder_command(engine_pid: int) -> list[str]:
+    """``python -P -m connector.recorder ENGINE_PID``: with ``-P`` (and
     ``PYTHONSAFEPATH``) nothing from the working directory is importable
-    ahead of the standard library; the process also runs in ``/``."""
-    return [sys.executable, "-P", "-m", "connector.recorder"]
+    ahead of the standard library; the process also runs in ``/``. The
+    engine's pid is for ``ps`` and tools: which engine a recorder is of,
+    now that it is not the engine's child (its settings come on stdin)."""
+    return [sys.executable, "-P", "-m", "connector.recorder", str(engine_pid)]
 
 
 def recorder_environment() -> dict[str, str]:

@@ -17,8 +17,10 @@ Contract
   its writer's queue is half full (what waits stays in the engine's
   budget), and its writer drops and counts events only while the disk
   fails or stalls (a GAP when it resumes).
-* It never outlives its engine: its parent gone without END, it records
-  what is still in its socket, ends the log with VANISHED and exits.
+* It is not in the engine's process tree (:mod:`~connector.recorder.detach`:
+  vLLM SIGKILLs that tree when it gives up on an engine core), and it never
+  outlives its engine: the engine gone without END, it records what is
+  still in its socket, ends the log with VANISHED and exits.
 
 Modules, in the order an event goes through them:
 

@@ -30,7 +30,8 @@ Theory of operation
 * REJECT: the poison path, recorded as the in-process recorder does.
 * END: the log ends (with the final digest when the engine's summary matches
   the fold); the recorder acknowledges and exits.
-* The engine gone without END (killed): its parent pid changes. The recorder
+* The engine gone without END (killed, or its process tree killed by vLLM:
+  the recorder is not in it, ``connector.recorder.detach``): the recorder
   takes what is still in its socket, records it, ends the log with a
   VANISHED record and exits: it never outlives its engine.
 * It acknowledges what it took in, in bytes (ACK), at most every ``_ACK_S``
@@ -53,7 +54,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -64,6 +64,7 @@ import msgpack
 import zmq
 
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
+from connector.recorder.detach import EngineWatch
 from connector.recorder.encoder import InputsBatch
 from connector.recorder.ondisk import events_on_disk
 from connector.recorder.recording import EventRecorder
@@ -380,13 +381,9 @@ def _send(socket: zmq.Socket[Any], message: bytes) -> None:
         socket.send(message, zmq.NOBLOCK)
 
 
-def _parent_gone(parent: int) -> bool:
-    return os.getppid() != parent
-
-
 def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
     """The recorder's loop; returns its exit code."""
-    parent = int(spec["parent_pid"])
+    engine = EngineWatch(int(spec["parent_pid"]))
     recorder = Recorder(spec, lambda message: _send(socket, message))
     taken = acked = 0
     next_ack = next_stats = time.monotonic()
@@ -405,12 +402,12 @@ def run(spec: dict[str, Any], socket: zmq.Socket[Any]) -> int:
             acked, next_ack = taken, now + _ACK_S
             if stats is not None:
                 next_stats = now + _STATS_S
-        if not recorder.done and _parent_gone(parent):
+        if not recorder.done and engine.gone():
             # What the engine sent before it died, whatever the writer's queue
             # holds (past its bound the writer drops and counts, with a GAP).
             _take_waiting(socket, recorder, math.inf, until_full=False)
             if not recorder.done:
-                recorder.vanish(f"the engine process {parent} exited without a clean "
+                recorder.vanish(f"the engine process {engine.pid} exited without a clean "
                                 "shutdown")
     return EXIT_FAILED if recorder.failed else 0
 

@@ -109,7 +109,7 @@ def test_a_recorder_killed_mid_run_is_restarted_and_the_log_says_what_was_lost(
     h.close(world.state)
     assert h.wait_for_end()
     assert h.stats.recorder_restarts == 1
-    assert len(warnings) == 1 and "exited (code -9)" in warnings[0]
+    assert len(warnings) == 1 and "the recorder process was killed" in warnings[0]
     assert _wait_gone(killed[0])
     result = replay(tmp_path)
     assert result.divergence is None and result.rejection is None, result.divergence
@@ -223,6 +223,53 @@ def test_an_engine_killed_leaves_a_closed_log_that_says_so(tmp_path: Path) -> No
     assert result.divergence is None and result.rejection is None and not result.damage
     assert "the engine vanished after event" in result.vanished
     assert result.events_applied >= 300
+
+
+_ENGINE_TREE_KILLED = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from test_recorder_process import acknowledged, handoff
+    from offload_fsm.testing.synthetic import run_workload
+    from pathlib import Path
+    h = handoff(Path({directory!r}), [])
+    calls = [0]
+    def sink(applied, state):
+        calls[0] += 1
+        h.record(applied, state)
+        if calls[0] == 300:
+            link = h._link
+            acknowledged(h)
+            print(link.pid, flush=True)
+            time.sleep(120)  # until vLLM kills this engine's process tree
+    run_workload(requests=400, seed=8, sink=sink)
+""")
+
+
+def test_vllms_kill_of_the_engines_process_tree_leaves_the_recorder_to_close_the_log(
+        tmp_path: Path) -> None:
+    """vLLM gives up on an engine core with ``kill_process_tree`` (every
+    descendant SIGKILLed, at once under ``--shutdown-timeout 0``): the
+    recorder is not among them (``connector.recorder.detach``), so it sees
+    its engine gone, ends the log with VANISHED and exits."""
+    from vllm.utils.system_utils import kill_process_tree
+
+    code = _ENGINE_TREE_KILLED.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert engine.stdout is not None
+        recorder_pid = int(engine.stdout.readline())
+        kill_process_tree(engine.pid)
+        assert engine.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        engine.kill()
+    assert _wait_gone(recorder_pid), "the recorder outlived its engine"
+    (last,) = [item for item in scan(run_files(tmp_path)[-1].read_bytes())][-1:]
+    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
+    result = replay(tmp_path)
+    assert result.divergence is None and result.rejection is None and not result.damage
+    assert "the engine vanished after event" in result.vanished
 
 
 _ENGINE_BEHIND = textwrap.dedent("""
@@ -388,7 +435,7 @@ def test_a_log_directory_deleted_under_the_engine_is_made_again(tmp_path: Path) 
     h.close(world.state)
     assert h.wait_for_end()
     assert h.stats.recorder_restarts == 1, warnings
-    assert len(warnings) == 1 and "exited (code -9)" in warnings[0]
+    assert len(warnings) == 1 and "the recorder process was killed" in warnings[0]
     result = replay(logs)
     assert result.ended_cleanly and result.snapshots_loaded and result.divergence is None
 
