@@ -91,6 +91,7 @@ from offload_fsm.vocabulary.events import (
     Event,
     FreeQueueRead,
     HashesRead,
+    LookupAnswered,
     PrefixCacheReset,
     ReceiptsArrived,
     RequestArrived,
@@ -120,6 +121,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     ChunksMissing: dedup.on_chunks_missing,
     ShutdownBegan: tail_flush.on_shutdown_began,
     StepsPassed: tail_flush.on_steps_passed,
+    LookupAnswered: drain.on_lookup_answered,
 }
 
 

@@ -29,6 +29,7 @@ from offload_fsm.vocabulary.events import (
     Event,
     FreeQueueRead,
     HashesRead,
+    LookupAnswered,
     PrefixCacheReset,
     ReceiptsArrived,
     RequestArrived,
@@ -105,6 +106,9 @@ class Setup:
             # No step yet: the EMA seeds at 0 allocated blocks, so the window is empty.
             StepsPassed: lambda: StepsPassed(
                 steps=((16, 0, 0, 0, len(h.visible()), 0, h.time_s + 1),)),
+            LookupAnswered: lambda: LookupAnswered(
+                req_id="live", allocation_blocks=2, free_blocks=len(h.visible()),
+                window_block_ids=tuple(h.visible()[:2])),
             HashesRead: lambda: self.answers.get(
                 HashesRead, HashesRead(batch_id=0, block_hashes=(1, 2))),
             FreeQueueRead: lambda: self.answers.get(
@@ -169,6 +173,9 @@ def _request_event(kind: type, h: Harness) -> Event:
                                 block_ids=h.new_blocks(), block_hashes=(7, 8), time_s=0.0)
     if kind is RequestFinished:
         return RequestFinished(req_id="r", free_blocks=10)
+    if kind is LookupAnswered:
+        return LookupAnswered(req_id="r", allocation_blocks=1, free_blocks=len(h.visible()),
+                              window_block_ids=tuple(h.visible()[:1]))
     result: Event = kind(req_id="r")
     return result
 
@@ -191,7 +198,8 @@ def test_request_phase_table(pair: tuple[type, RequestPhase], reason: str | None
 
 
 def test_every_request_scoped_pair_is_in_the_table() -> None:
-    scoped = {RequestArrived, CandidateOffered, RequestFinished, RequestPreempted}
+    scoped = {RequestArrived, CandidateOffered, RequestFinished, RequestPreempted,
+              LookupAnswered}
     assert set(REQUEST_LEGAL) == {(k, p) for k in scoped for p in RequestPhase}
 
 
