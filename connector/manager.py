@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
-from connector import blocks
+from connector import blocks, lookahead
 from connector.logs import get_logger
 from connector.narrator import Narrator, counters_line
 from connector.stores import StoreBuilder, StoreSource
@@ -96,6 +96,7 @@ from offload_fsm.vocabulary.events import (
     Event,
     FreeQueueRead,
     HashesRead,
+    LookupAnswered,
     PassedStep,
     PrefixCacheReset,
     ReceiptsArrived,
@@ -163,6 +164,7 @@ class EventSourcedManager:
         single = len(group_tokens_per_block) == 1 and chunk_tokens > 0
         self._blocks_per_chunk = chunk_tokens // group_tokens_per_block[0] if single else 0
         # The most blocks one schedule() can hand out for its token budget.
+        self._step_budget_tokens = step_budget_tokens
         self._step_budget_blocks = self._blocks_for(step_budget_tokens)
         self._event_log = event_log
         self._clock = clock
@@ -456,6 +458,33 @@ class EventSourcedManager:
                      if key in stored)
         if keys:
             self._guarded(self._feed, ChunksMissing(chunk_keys=keys))
+
+    @_hook(lambda: None)
+    def on_lookup_answered(self, request_id: str, *, prompt_tokens: int, local_tokens: int,
+                           hit_tokens: int, loads_async: bool) -> None:
+        """LMCache answered ``request_id``'s lookup (``hit_tokens`` to load
+        beyond its ``local_tokens`` prefix-cache hit, asynchronously or not)
+        and vLLM allocates for it next, in this ``schedule()``. Under
+        EVICTION_AWARE, while buffered ops exist, reads how far into the free
+        queue that allocation can reach (``connector.lookahead``) and, when a
+        buffered block lies within, feeds ``LookupAnswered``: the core
+        protects what it can of them before the allocation. Never raises."""
+        state = self.state
+        if self._drain is not None or self._closed or self._pool is None or not state.owners \
+                or self.config.policy is not Policy.EVICTION_AWARE \
+                or request_id not in state.requests:
+            return
+        tokens = lookahead.allocation_tokens(
+            prompt_tokens=prompt_tokens, local_tokens=local_tokens, hit_tokens=hit_tokens,
+            loads_async=loads_async, budget_tokens=self._step_budget_tokens)
+        allocation = self._blocks_for(tokens) - self._blocks_for(local_tokens)
+        if allocation <= 0:
+            return
+        window = lookahead.reach(self._pool, allocation, state.owners)
+        if window is not None:
+            self._guarded(self._feed, LookupAnswered(
+                req_id=request_id, allocation_blocks=allocation,
+                free_blocks=blocks.free_count(self._pool), window_block_ids=window))
 
     # -- observations -----------------------------------------------------
 
