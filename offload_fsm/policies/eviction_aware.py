@@ -36,7 +36,9 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   imminent first, within the pin headroom that leaves the allocation and
   the running requests' reserve in the queue (the request's op that crosses
   it cut to its longest chunk-aligned prefix, ``split``). The ops count as
-  shielded: this step's drain selects them first.
+  shielded: this step's drain selects them first; a step that schedules no
+  token (its only work asynchronous loads) lifts them as it lifts every
+  shield, and their blocks rejoin the free queue at its tail, out of reach.
 * The *pin cascade*: selections made from the window pin window blocks,
   which pulls blocks from beyond ``D`` into it; the core asks for the window
   again (``ReadFreeQueue``) and plans over the newly visible blocks
