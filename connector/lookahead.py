@@ -18,6 +18,8 @@ Primitives:
                           blocks no buffered op covers were seen; None when
                           none of the blocks read is covered (nothing to
                           protect, no event)
+  clear_depth(...)        how much of a step's window holds no buffered
+                          block left unprotected: the cheap test before a walk
 
 The walk is exact, not an estimate: a covered block the core protects
 leaves the queue (``BlockPool.touch``) and the allocation takes the next one
@@ -29,11 +31,24 @@ it too when vLLM touches them, which takes the allocation one block further
 per such block; the walk does not tell them apart, and falls short by one
 block per such block within its reach (a local hit is a prefix another
 request computed lately, seldom at the queue's eviction head).
+
+The cheap test (``clear_depth``): the step's window is the free queue's head
+before its drain. Where every buffered block in it is protected after the
+drain, its other blocks are the queue's head, none of them buffered, and
+the allocations of the next ``schedule()`` take only those as long as they
+stay within them: a block freed since joins the queue's tail (or, with no
+hash, so never buffered, its head), and the head loses only what is
+allocated or touched. The running requests come first in a ``schedule()``,
+so their expected need (the step's ``reserve_blocks``) counts before the
+lookups'. It is an estimate where that need is (a running request may take
+more than expected, and a local prefix-cache hit touched out of the window
+takes the reach one block deeper); an allocation past the clear head is
+walked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 
@@ -68,3 +83,16 @@ def reach(pool: Any, allocation_blocks: int, watched: Container[int]) -> tuple[i
             left -= 1
         block = block.next_free_block
     return tuple(out) if covered else None
+
+
+def clear_depth(window: Sequence[int], watched: Mapping[int, Any],
+                protected: Mapping[int, Any]) -> int:
+    """How many blocks at the free queue's head are none of ``watched``, from
+    a step's ``window`` read before its drain and the blocks ``protected``
+    after it: the window's unprotected blocks (a protected block left the
+    queue) when every watched one among them is protected, else 0 (set
+    tests in C, no walk)."""
+    pinned = protected.keys() & window
+    if not watched.keys() & window <= pinned:
+        return 0
+    return len(window) - len(pinned)

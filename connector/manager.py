@@ -194,6 +194,11 @@ class EventSourcedManager:
         # most MAX_STEPS_PASSED, and the allocation EMA after them.
         self._passed: list[PassedStep] = []
         self._ema: float | None = None
+        # The lookups' cheap test (``on_lookup_answered``): how deep the last step's
+        # window showed the free queue clear of unprotected buffered blocks, and the
+        # blocks this schedule() is expected to have taken from its head so far.
+        self._clear_blocks = 0
+        self._taken_blocks = 0
 
     @property
     def events_applied(self) -> int:
@@ -480,6 +485,9 @@ class EventSourcedManager:
         allocation = self._blocks_for(tokens) - self._blocks_for(local_tokens)
         if allocation <= 0:
             return
+        self._taken_blocks += allocation
+        if self._taken_blocks <= self._clear_blocks:
+            return  # within the queue's head the last step's drain left clear
         window = lookahead.reach(self._pool, allocation, state.owners)
         if window is not None:
             self._guarded(self._feed, LookupAnswered(
@@ -548,6 +556,8 @@ class EventSourcedManager:
                 reallocated=reallocated,
                 time_s=now_s,
             ))
+        self._clear_blocks, self._taken_blocks = lookahead.clear_depth(
+            window, state.owners, state.pins), reserve
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
