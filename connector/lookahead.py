@@ -32,18 +32,18 @@ per such block; the walk does not tell them apart, and falls short by one
 block per such block within its reach (a local hit is a prefix another
 request computed lately, seldom at the queue's eviction head).
 
-The cheap test (``clear_depth``): the step's window is the free queue's head
-before its drain. Where every buffered block in it is protected after the
-drain, its other blocks are the queue's head, none of them buffered, and
-the allocations of the next ``schedule()`` take only those as long as they
-stay within them: a block freed since joins the queue's tail (or, with no
-hash, so never buffered, its head), and the head loses only what is
-allocated or touched. The running requests come first in a ``schedule()``,
-so their expected need (the step's ``reserve_blocks``) counts before the
-lookups'. It is an estimate where that need is (a running request may take
-more than expected, and a local prefix-cache hit touched out of the window
-takes the reach one block deeper); an allocation past the clear head is
-walked.
+The cheap test (``clear_depth``, at the first lookup of a ``schedule()``):
+the last step's window was the free queue's head before its drain. Where
+every buffered block in it is protected now, its other blocks are the
+queue's head, none of them buffered, and this ``schedule()``'s allocations
+take only those as long as they stay within them: a block freed since joins
+the queue's tail (or, with no hash, so never buffered, its head), and the
+head loses only what is allocated or touched. The running requests come
+first in a ``schedule()``, so their expected need (the step's
+``reserve_blocks``) counts before the lookups'. It is an estimate where that
+need is (a running request may take more than expected, and a local
+prefix-cache hit touched out of the window takes the reach one block
+deeper); an allocation past the clear head is walked.
 """
 
 from __future__ import annotations

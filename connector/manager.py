@@ -194,10 +194,12 @@ class EventSourcedManager:
         # most MAX_STEPS_PASSED, and the allocation EMA after them.
         self._passed: list[PassedStep] = []
         self._ema: float | None = None
-        # The lookups' cheap test (``on_lookup_answered``): how deep the last step's
-        # window showed the free queue clear of unprotected buffered blocks, and the
-        # blocks this schedule() is expected to have taken from its head so far.
-        self._clear_blocks = 0
+        # The lookups' cheap test (``on_lookup_answered``): the last step's window,
+        # how deep it shows the free queue clear of unprotected buffered blocks (None:
+        # not asked yet this schedule()), and the blocks this schedule() is expected
+        # to have taken from the queue's head so far.
+        self._window: tuple[int, ...] = ()
+        self._clear_blocks: int | None = 0
         self._taken_blocks = 0
 
     @property
@@ -485,6 +487,8 @@ class EventSourcedManager:
         allocation = self._blocks_for(tokens) - self._blocks_for(local_tokens)
         if allocation <= 0:
             return
+        if self._clear_blocks is None:  # once a schedule(), and only where a lookup comes
+            self._clear_blocks = lookahead.clear_depth(self._window, state.owners, state.pins)
         self._taken_blocks += allocation
         if self._taken_blocks <= self._clear_blocks:
             return  # within the queue's head the last step's drain left clear
@@ -556,8 +560,7 @@ class EventSourcedManager:
                 reallocated=reallocated,
                 time_s=now_s,
             ))
-        self._clear_blocks, self._taken_blocks = lookahead.clear_depth(
-            window, state.owners, state.pins), reserve
+        self._window, self._clear_blocks, self._taken_blocks = window, None, reserve
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
