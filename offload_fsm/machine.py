@@ -126,7 +126,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     ChunksMissing: dedup.on_chunks_missing,
     ShutdownBegan: tail_flush.on_shutdown_began,
     StepsPassed: tail_flush.on_steps_passed,
-    LookupAnswered: drain.on_lookup_answered,
+    LookupAnswered: lifecycle.on_lookup_answered,
 }
 
 

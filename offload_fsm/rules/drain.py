@@ -54,7 +54,6 @@ from offload_fsm.vocabulary.errors import InvalidEvent
 from offload_fsm.vocabulary.events import (
     MAX_STEPS_PASSED,
     HashesRead,
-    LookupAnswered,
     ReceiptsArrived,
     StepScheduled,
     StepsPassed,
@@ -101,12 +100,6 @@ def on_steps_passed(state: State, event: StepsPassed, scope: Scope) -> None:
         state.selected_in_step = 0
         _advance(state, tokens, time_s, free, next_blocks, reserve)
         scope.hooks.passed_step(state, allocated, next_blocks, free, window)
-
-
-def on_lookup_answered(state: State, event: LookupAnswered, scope: Scope) -> None:
-    """A waiting request's lookup was answered: the policy may protect the
-    buffered ops its allocation can reach (``PolicyHooks.lookup_answered``)."""
-    scope.hooks.lookup_answered(state, event, scope)
 
 
 def _advance(state: State, tokens: int, time_s: float, free_blocks: int,
