@@ -60,7 +60,12 @@ their windows, nothing reallocated, shielded, overdue or past its lease)
 arrives as one ``StepsPassed``: each is folded as its ``StepScheduled``
 would have been, without a plan (``drain.on_steps_passed``); on a busy
 engine with a buffered backlog far from the eviction head, that is most
-steps. A step with zero scheduled tokens selects nothing; it only lifts shields,
+steps. Within a ``schedule()``, before its step arrives, a waiting request's
+answered lookup may come as ``LookupAnswered``: the free-queue blocks the
+allocation vLLM makes for it next can reach; EVICTION_AWARE protects the
+buffered ops among them (``eviction_aware``, the lookup shield) and the
+step's drain selects them first; FIFO refuses it.
+A step with zero scheduled tokens selects nothing; it only lifts shields,
 unless a tail flush is configured (``tail_flush``: after ``idle_flush_steps``
 empty steps in a row, or after ``ShutdownBegan``, the ready requests'
 intact buffered ops are selected; off by default).
@@ -106,6 +111,7 @@ _HANDLERS: dict[type, Callable[[State, Any, Scope], None]] = {
     events.ChunksMissing: dedup.on_chunks_missing,
     events.ShutdownBegan: tail_flush.on_shutdown_began,
     events.StepsPassed: tail_flush.on_steps_passed,
+    events.LookupAnswered: lifecycle.on_lookup_answered,
 }
 
 

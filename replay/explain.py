@@ -51,6 +51,7 @@ from offload_fsm.vocabulary.events import (
     CandidateOffered,
     Event,
     HashesRead,
+    LookupAnswered,
     PrefixCacheReset,
     ReceiptsArrived,
     RequestArrived,
@@ -88,6 +89,7 @@ class ExplainObserver:
         self.changes: dict[int, list[tuple[int, int, BlockHash]]] = {}  # our block -> changes
         self.read: dict[int, tuple[int, ...]] = {}  # our batch -> the block ids it re-read
         self.hashes_now: dict[int, BlockHash] = {}  # our block -> hash read at verification
+        self.event: Event | None = None  # the event whose decisions are being narrated
 
     # -- helpers ------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class ExplainObserver:
     def __call__(self, seq: int, event: Event, outcome: Outcome, state: State) -> None:
         me = self.req_id
         kind = type(event)
+        self.event = event
         if self.first_seq < 0:
             self.first_seq = seq
         if kind is CandidateOffered:
@@ -344,15 +347,24 @@ class ExplainObserver:
             assert isinstance(decision, OpsShielded)
             ops = [op for op in self.ops if op.status == "buffered"]
             pinned = self._pinned_starts(state)
+            lookup = self.event if type(self.event) is LookupAnswered else None
+            when = "at finish" if lookup is None else f"at {field(lookup.req_id)}'s lookup"
             for op in ops:
                 if op.start_token in pinned:
                     op.shielded = True
-                    op.pins.append(f"protected at {at}: shielded at finish")
+                    op.pins.append(f"protected at {at}: shielded {when}")
                 else:
-                    op.pins.append(f"NOT protected at {at}: outside the shield at finish")
+                    op.pins.append(f"NOT protected at {at}: outside the shield {when}")
+            if lookup is None:
+                why = (f"protected at finish: free queue {decision.free_blocks} < reach of "
+                       f"the next step {decision.reach_blocks}")
+            else:
+                why = (f"protected at a lookup: request {field(lookup.req_id)}'s LMCache "
+                       f"answer lets vLLM allocate {lookup.allocation_blocks} blocks at "
+                       f"once, reaching {decision.reach_blocks} blocks into the free queue "
+                       f"of {decision.free_blocks}, before any drain")
             self._say(seq, state, f"shielded {decision.ops} ops ({decision.blocks} blocks "
-                      f"protected at finish: free queue {decision.free_blocks} < reach of "
-                      f"the next step {decision.reach_blocks})", ops)
+                      f"{why})", ops)
         elif kind is ShieldLifted:
             assert isinstance(decision, ShieldLifted)
             ops = [op for op in self.ops if op.status == "buffered" and op.shielded]

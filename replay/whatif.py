@@ -18,6 +18,11 @@ be recovered from the log. So the answers are *synthesised* here:
   step, minus blocks the counterfactual pinned, cut to the new depth; blocks
   beyond what was recorded are unknown and padded with placeholders that
   match nothing (counted);
+* a lookup's reach (``LookupAnswered``): the recorded walk, minus blocks the
+  counterfactual pinned, read again until as many blocks no buffered op of
+  the counterfactual covers as the allocation takes, padded with
+  placeholders past what was recorded (counted); none under FIFO, nor where
+  the reach holds none of the counterfactual's buffered blocks;
 * receipts: every store the counterfactual submits completes on all workers
   at the first recorded receipt event at least one step later; a recorded
   failure of a request fails its counterfactual store in flight then.
@@ -74,6 +79,7 @@ from offload_fsm.vocabulary.events import (
     Event,
     FreeQueueRead,
     HashesRead,
+    LookupAnswered,
     PassedStep,
     PrefixCacheReset,
     ReceiptsArrived,
@@ -244,6 +250,28 @@ class _SyntheticWorld:
                             reallocated=tuple(reallocated.items()))
 
 
+    def lookup_event(self, recorded: LookupAnswered) -> LookupAnswered | None:
+        state = self.state
+        owners, pins = state.owners, state.pins
+        if state.config.policy is not Policy.EVICTION_AWARE or not owners:
+            return None
+        window: list[int] = []
+        left = recorded.allocation_blocks
+        for block_id in recorded.window_block_ids:
+            if not left:
+                break
+            if block_id not in pins:
+                window.append(block_id)
+                left -= block_id not in owners
+        while left and len(window) < recorded.free_blocks:  # unknown blocks: match nothing
+            window.append(-1 - len(window))
+            left -= 1
+            self.padded_blocks += 1
+        if not any(block_id in owners for block_id in window):
+            return None
+        return attrs.evolve(recorded, window_block_ids=tuple(window))
+
+
 def _scheduled(passed: PassedStep) -> StepScheduled:
     """A passed step as the ``StepScheduled`` it stands for, its window's ids
     unknown (the run read none of the original's buffered blocks)."""
@@ -353,6 +381,11 @@ def simulate(
                 for passed in event.steps:  # the what-if's windows may hold its ops
                     feed(world.step_event(_scheduled(passed), offered, []))
                     offered = []
+            elif kind is LookupAnswered:
+                assert isinstance(event, LookupAnswered)
+                lookup = world.lookup_event(event)
+                if lookup is not None:
+                    feed(lookup)
             elif kind is ReceiptsArrived:
                 assert isinstance(event, ReceiptsArrived)
                 receipts = world.receipts(event.failed, all_due=False)

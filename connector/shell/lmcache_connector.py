@@ -254,7 +254,9 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """LMCache's lookup, then what it showed about the chunks our core
-        remembers stored (``EventSourcedManager.on_lookup_result``)."""
+        remembers stored (``EventSourcedManager.on_lookup_result``), and the
+        reach of the allocation vLLM makes for the request next
+        (``EventSourcedManager.on_lookup_answered``)."""
         result: tuple[int | None, bool] = super().get_num_new_matched_tokens(
             request, num_computed_tokens)
         manager = getattr(self, "_lazy_offload_manager", None)
@@ -265,6 +267,9 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                 manager.on_lookup_result(request.request_id,
                                          int(tracker.num_lmcache_hit_tokens),
                                          request.block_hashes, _pool_hash)
+            manager.on_lookup_answered(request.request_id, prompt_tokens=int(request.num_tokens),
+                                       local_tokens=num_computed_tokens,
+                                       hit_tokens=int(result[0]), loads_async=bool(result[1]))
         return result
 
     def shutdown(self) -> Any:

@@ -12,17 +12,11 @@ No business rule lives here: building stores is ``connector.shell.stores``, what
 a step's output says ``connector.shell.step_reading``, the log lines
 ``connector.shell.narrator``, the rules the core's.
 
-Keeping vLLM stepping: ``has_inflight_store_work`` (LMCache's
-``has_pending_push_work``, which vLLM's ``Scheduler.has_requests`` reads)
-asks the core (``keeps_stepping``): a store in flight, or, with a tail flush
-on (``offload_fsm.rules.tail_flush``), a finished request's intact buffered ops that a
-coming empty step will flush. vLLM's engine-core busy loop then runs
-zero-token steps, whose connector metadata the workers still execute
-(``kv_connector_no_forward`` binds it and calls ``wait_for_save``). The
-shutdown flush: :meth:`shutdown_began` is called from a SIGTERM/SIGINT hook
-(``connector.shell.shutdown_signal``); vLLM's busy loop keeps stepping after the
-signal while we report work, so the next step feeds ``ShutdownBegan`` and
-flushes, and the receipts are awaited until ``shutdown_flush_s`` has passed.
+Keeping vLLM stepping (:meth:`has_inflight_store_work`): while the core has
+work, vLLM's busy loop runs zero-token steps, whose connector metadata the
+workers still execute (``kv_connector_no_forward``): stores settle, a tail
+flush (``offload_fsm.rules.tail_flush``) or the shutdown flush
+(:meth:`shutdown_began`, from ``connector.shell.shutdown_signal``) goes out.
 
 Never take vLLM down. Everything runs on the vLLM scheduler thread, and no
 exception leaves these methods. On any failure, of the core (a rejected
@@ -48,16 +42,17 @@ from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadat
 
 from connector.shell import blocks
 from connector.shell.logs import get_logger
+from connector.shell.lookahead import Lookahead, missing_chunk_keys
 from connector.shell.narrator import Narrator, counters_line
 from connector.shell.pool_commands import PoolCommands
 from connector.shell.step_reading import StepReader
 from connector.shell.stores import StoreBuilder, StoreSource
-from offload_fsm import OffloadConfig, drive, new_state
+from offload_fsm import OffloadConfig, Policy, drive, new_state
 from offload_fsm.after_failure import DrainOnly
-from offload_fsm.queries import ema_after, has_in_flight, keeps_stepping
+from offload_fsm.queries import has_in_flight, keeps_stepping
 from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
-from offload_fsm.vocabulary.events import Event, PassedStep
+from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
 _R = TypeVar("_R")
@@ -116,6 +111,7 @@ class EventSourcedManager:
         # The most blocks one schedule() can hand out for its token budget.
         self._reader = StepReader(self._group_tokens_per_block, self._fingerprint)
         self._step_budget_blocks = self._reader.blocks_for(step_budget_tokens)
+        self._lookahead = Lookahead(self._reader, step_budget_tokens)
         self._event_log = event_log
         self._clock = clock
         self._pool: Any = None
@@ -132,10 +128,6 @@ class EventSourcedManager:
         self._late: DrainOnly | None = None  # the drain after an early seal
         self._hooks_failed: set[str] = set()
         self._narrator = Narrator(self._log, clock, run=run)
-        # Token steps that passed since the core's last event (``_step``), at
-        # most MAX_STEPS_PASSED, and the allocation EMA after them.
-        self._passed: list[PassedStep] = []
-        self._ema: float | None = None
 
     @property
     def events_applied(self) -> int:
@@ -356,24 +348,39 @@ class EventSourcedManager:
         """LMCache's lookup found the first ``hit_tokens`` of ``request_id``'s
         prefix on the server; ``block_hashes`` are the request's full blocks'
         hashes, in order, and ``pool_hash`` turns one into the hash the
-        pool's block carries (fingerprinted as ``blocks.hashes_of`` does).
-        Every chunk beyond the hit that the core remembers stored is gone from
-        the server (its L1 is LRU; retrieval stops at the first missing chunk,
-        so the ones after it are of no use either): report them as
-        ``ChunksMissing``, keyed as ``Op.chunk_keys`` (each chunk's last
-        block; only those are fingerprinted, a chunk's worth of blocks fewer
-        each). Needs one block stride (a single KV group)."""
+        pool's block carries. The chunks past the hit that the core remembers
+        stored are gone from the server (``lookahead.missing_chunk_keys``):
+        ``ChunksMissing``. Needs one block stride (a single KV group). Never
+        raises."""
         per_chunk = self._blocks_per_chunk
         if self._drain is not None or self._closed or not per_chunk:
             return
-        stored = self.state.stored_keys  # read-only: the core's stored-content memory
-        first = hit_tokens // (per_chunk * self._group_tokens_per_block[0])
-        last_blocks = block_hashes[(first + 1) * per_chunk - 1 :: per_chunk]
-        fingerprint = self._fingerprint
-        keys = tuple(key for key in (fingerprint(pool_hash(h)) for h in last_blocks)
-                     if key in stored)
+        keys = missing_chunk_keys(  # the core's stored-content memory, read only
+            self.state.stored_keys, hit_tokens // (per_chunk * self._group_tokens_per_block[0]),
+            block_hashes[per_chunk - 1 :: per_chunk], pool_hash, self._fingerprint)
         if keys:
             self._guarded(self._feed, events.ChunksMissing(chunk_keys=keys))
+
+    @_hook(lambda: None)
+    def on_lookup_answered(self, request_id: str, *, prompt_tokens: int, local_tokens: int,
+                           hit_tokens: int, loads_async: bool) -> None:
+        """LMCache answered ``request_id``'s lookup (``hit_tokens`` to load
+        beyond its ``local_tokens`` prefix-cache hit, asynchronously or not)
+        and vLLM allocates for it next, in this ``schedule()``. Under
+        EVICTION_AWARE, while buffered ops exist, reads how far into the free
+        queue that allocation can reach (``connector.shell.lookahead``) and,
+        when a buffered block lies within, feeds ``LookupAnswered``: the core
+        protects what it can of them before the allocation. Never raises."""
+        state = self.state
+        if self._drain is not None or self._closed or self._pool is None or not state.owners \
+                or self.config.policy is not Policy.EVICTION_AWARE \
+                or request_id not in state.requests:
+            return
+        event = self._lookahead.answered(
+            state, self._pool, request_id, prompt_tokens=prompt_tokens,
+            local_tokens=local_tokens, hit_tokens=hit_tokens, loads_async=loads_async)
+        if event is not None:
+            self._guarded(self._feed, event)
 
     # -- observations -----------------------------------------------------
 
@@ -401,16 +408,12 @@ class EventSourcedManager:
             self._log.info("lazy offload: vLLM is shutting down; flushing the buffered tail",
                            ready_requests=len(self.state.ready),
                            wait_s=self.config.shutdown_flush_s)
-        ema = self._ema if self._passed else self.state.ema_blocks
-        seen = self._reader.read(self.state, scheduler_output, self._pool, ema_blocks=ema,
-                                 time_s=self._clock())
-        if isinstance(seen, events.StepScheduled):
+        seen = self._reader.read(self.state, scheduler_output, self._pool, time_s=self._clock())
+        if seen is not None:
             self._feed(seen)
-        else:
-            self._passed.append(seen)
-            self._ema = ema_after(ema, seen[1])
-            if len(self._passed) >= events.MAX_STEPS_PASSED:
-                self._report_passed()
+        elif self._reader.run_full:
+            self._report_passed()
+        self._lookahead.stepped()
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
@@ -427,22 +430,17 @@ class EventSourcedManager:
                            "was deferred; released the predecessor's session",
                            req_id=request_id)
 
-    def counters_line(self) -> str:
-        """The spec's counters line (``Lazy offload final counters: ...``)."""
-        return counters_line(self.state)
-
     # -- the command loop -------------------------------------------------
 
     def _feed(self, event: Event) -> None:
         """Apply an observation and its command loop; the passed steps before
         it first, so the core sees every step in the engine's order."""
-        if self._passed:
+        if self._reader.passed:
             self._report_passed()
         self._applied(drive(self.state, event, self._commands.execute))
 
     def _report_passed(self) -> None:
-        passed, self._passed = tuple(self._passed), []
-        self._applied(drive(self.state, events.StepsPassed(steps=passed), self._commands.execute))
+        self._applied(drive(self.state, self._reader.take_passed(), self._commands.execute))
 
     def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...], *,
                  record: bool = True) -> None:
@@ -490,7 +488,7 @@ class EventSourcedManager:
         except Exception as secondary:
             self._log.error("lazy offload: could not record the failure",
                             reason=repr(secondary))
-        self._passed = []  # the core is closed: they have nowhere to go
+        self._reader.passed.clear()  # the core is closed: they have nowhere to go
         unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
         self._drain, commands = DrainOnly.take_over(
             self.state, self._commands.submitted, self._commands.held, self._clock(), unexecuted)

@@ -97,6 +97,9 @@ COUNTER_FAMILIES: tuple[CounterFamily, ...] = (
         "(drain_cap, pin_budget, in_flight)."),
     _one("shielded_at_finish_ops", C.SHIELDED_OPS, "Store ops protected at finish to close "
          "the blind window (EVICTION_AWARE)."),
+    _one("shielded_at_lookup_ops", C.LOOKUP_SHIELDED_OPS, "Store ops protected at another "
+         "request's lookup, before the allocation that follows it could reach their blocks "
+         "(EVICTION_AWARE)."),
     _one("split_ops", C.SPLIT_OPS, "Buffered store ops cut at a chunk boundary because only "
          "their front fit the pin headroom or the shield's (EVICTION_AWARE); each rest is "
          "admitted as a new op."),

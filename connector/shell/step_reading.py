@@ -33,9 +33,9 @@ import math
 from typing import Any
 
 from connector.shell import blocks
-from offload_fsm.queries import changed_hashes, step_passes, window_depth
+from offload_fsm.queries import changed_hashes, ema_after, step_passes, window_depth
 from offload_fsm.state import State
-from offload_fsm.vocabulary.events import PassedStep, StepScheduled
+from offload_fsm.vocabulary.events import MAX_STEPS_PASSED, PassedStep, StepScheduled, StepsPassed
 
 
 class StepReader:
@@ -47,16 +47,33 @@ class StepReader:
         self._group_tokens_per_block = group_tokens_per_block
         self._fingerprint = fingerprint
         self.reserve = ReserveForecast(group_tokens_per_block)
+        # The last step's window and reserve (``connector.shell.lookahead``).
+        self.window: tuple[int, ...] = ()
+        self.reserve_blocks = 0
+        # Token steps passed since the core's last event, at most
+        # MAX_STEPS_PASSED, and the allocation EMA after them.
+        self.passed: list[PassedStep] = []
+        self._ema: float | None = None
 
     def blocks_for(self, tokens: int) -> int:
         """The blocks ``tokens`` new tokens take across the KV groups."""
         return sum(math.ceil(tokens / t) for t in self._group_tokens_per_block)
 
-    def read(self, state: State, scheduler_output: Any, pool: Any, *, ema_blocks: float | None,
-             time_s: float) -> StepScheduled | PassedStep:
-        """The step: a ``PassedStep`` when a token step passes, else a
-        ``StepScheduled``. ``ema_blocks``: the allocation EMA before this
-        step (the core's, or the one after the run not yet reported)."""
+    @property
+    def run_full(self) -> bool:
+        """Whether the passed run is as long as one ``StepsPassed`` holds."""
+        return len(self.passed) >= MAX_STEPS_PASSED
+
+    def take_passed(self) -> StepsPassed:
+        """The passed run as one event (the caller feeds it before any other)."""
+        passed, self.passed = tuple(self.passed), []
+        return StepsPassed(steps=passed)
+
+    def read(self, state: State, scheduler_output: Any, pool: Any, *,
+             time_s: float) -> StepScheduled | None:
+        """The step: a ``StepScheduled``, or None when a token step passes
+        (it joins :attr:`passed`, the run the next ``StepsPassed`` reports)."""
+        ema_blocks = self._ema if self.passed else state.ema_blocks
         tokens = int(scheduler_output.total_num_scheduled_tokens)
         allocated = allocated_block_ids(scheduler_output)
         next_step_blocks = self.blocks_for(tokens)
@@ -72,9 +89,13 @@ class StepReader:
                                              blocks.hashes_of(pool, watched, self._fingerprint))
         reserve = self.reserve.blocks(scheduler_output)
         window = blocks.free_queue_head(pool, min(depth, free))
+        self.window, self.reserve_blocks = window, reserve
         if tokens and step_passes(state, window_block_ids=window, reallocated=reallocated,
                                   time_s=time_s):
-            return (tokens, len(allocated), next_step_blocks, reserve, free, len(window), time_s)
+            self.passed.append((tokens, len(allocated), next_step_blocks, reserve, free,
+                                len(window), time_s))
+            self._ema = ema_after(ema_blocks, len(allocated))
+            return None
         return StepScheduled(
             scheduled_tokens=tokens,
             allocated_blocks=len(allocated),

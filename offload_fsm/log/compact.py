@@ -11,10 +11,11 @@ Compact event forms (inside INPUTS records only; the wire tuple otherwise
 as ``log.wire.to_wire``). A plain wire tuple is always a valid compact form,
 so a schema 3 event decodes unchanged (its upcaster is the identity):
 
-* A window (``StepScheduled.window_block_ids``, ``FreeQueueRead``'s) is a
-  list of items: an int is a block id; a pair ``(start, length)`` copies
+* A window (``StepScheduled.window_block_ids``, ``FreeQueueRead``'s and,
+  from schema 8, ``LookupAnswered``'s) is a list of items: an int is a
+  block id; a pair ``(start, length)`` copies
   ``previous[start:start + length]``, where ``previous`` is the segment's
-  last non-empty window read (either kind).
+  last non-empty window read (any kind).
 * A block hash (``CandidateOffered.block_hashes``, the hashes of
   ``StepScheduled.reallocated``) is ``True`` when it equals the hash last
   sent for that block id in the segment; a sent hash (int or None) becomes
@@ -61,8 +62,8 @@ MAX_INDEX_REQUESTS: Final[int] = 65536
 """A segment naming more request ids is indexed as "unknown" (the bound on an INDEX)."""
 
 _INT_ONLY: Final = {int}
-_OFFERED, _STEP, _HASHES, _FREE_QUEUE = 2, 3, 7, 8  # event tags with compact forms
-_REQ_FIELD_TAGS: Final = frozenset((1, 2, 4, 5))  # events whose first field is req_id
+_OFFERED, _STEP, _HASHES, _FREE_QUEUE, _LOOKUP = 2, 3, 7, 8, 14  # tags with compact forms
+_REQ_FIELD_TAGS: Final = frozenset((1, 2, 4, 5, 14))  # events whose first field is req_id
 
 
 class WireContext:
@@ -106,6 +107,8 @@ class WireContext:
                     *wire[6:])
         if tag == _FREE_QUEUE:
             return (tag, self._delta(wire[1]))
+        if tag == _LOOKUP:
+            return (*wire[:4], self._delta(wire[4]))
         if tag == _HASHES and len(read_ids) == len(wire[2]):
             table = self.hashes
             return (tag, wire[1], tuple(
@@ -173,6 +176,9 @@ class WireContext:
                 return (*item[:4], ids, hashes, *item[6:])
             if tag == _FREE_QUEUE:
                 return (tag, self._undelta(item[1], "FreeQueueRead.window_block_ids"))
+            if tag == _LOOKUP:
+                return (*item[:4], self._undelta(item[4], "LookupAnswered.window_block_ids"),
+                        *item[5:])
             if tag == _HASHES:
                 return (tag, item[1], tuple(
                     self._known(v[0]) if type(v) is tuple else v for v in item[2]))

@@ -1,4 +1,4 @@
-"""Event-log record format: envelopes around pure domain facts (schema 7).
+"""Event-log record format: envelopes around pure domain facts (schema 8).
 
 Pure module: standard library, ``attrs`` and ``msgpack`` only. It defines
 the records and turns them into payload bytes; ``log.decode`` turns bytes
@@ -68,8 +68,9 @@ one, so its upcaster is the identity too. Schema 5 added block-id runs in
 ``CandidateOffered`` and compact op records in snapshots; schema 4's forms
 are valid schema 5 forms (the identity again), while a schema 4 reader
 refuses a schema 5 file instead of misreading a run. Schema 6 added the
-VANISHED kind and schema 7 the ``StepsPassed`` event (a run of quiet token
-steps), each the identity for older records.
+VANISHED kind, schema 7 the ``StepsPassed`` event (a run of quiet token
+steps) and schema 8 the ``LookupAnswered`` event (a lookup's allocation
+reach), each the identity for older records.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ __all__ = ["BATCH", "DIGEST", "END", "GAP", "HEADER", "INDEX", "INPUTS", "PUB_TO
            "encode_header", "encode_index", "encode_inputs", "encode_packed_snapshot",
            "encode_rejected", "encode_snapshot", "encode_vanished", "encode_wire_inputs"]
 
-SCHEMA_VERSION: Final[int] = 7
+SCHEMA_VERSION: Final[int] = 8
 
 
 
@@ -158,6 +159,11 @@ def _upcast_v6_v7(item: tuple[Any, ...]) -> tuple[Any, ...]:
     return item
 
 
+def _upcast_v7_v8(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Schema 8 only added the ``LookupAnswered`` event, which v7 files never contain."""
+    return item
+
+
 UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     1: _upcast_v1_v2,
     2: _upcast_v2_v3,
@@ -165,6 +171,7 @@ UPCASTERS: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
     4: _upcast_v4_v5,
     5: _upcast_v5_v6,
     6: _upcast_v6_v7,
+    7: _upcast_v7_v8,
 }
 """``UPCASTERS[n]`` turns a decoded envelope tuple of schema ``n`` into schema
 ``n + 1``."""

@@ -182,7 +182,7 @@ def _fit(
         count = 0
         taking: set[int] = set()
         for op in segment:
-            more = _queued_blocks(op, ctx.window_seen, state.pins) - charged - taking
+            more = queued_blocks(op, ctx.window_seen, state.pins) - charged - taking
             if len(taking) + len(more) > headroom:
                 break
             taking |= more
@@ -210,7 +210,7 @@ def _fit(
             break
         op = rec.ops[0]
         cut, taking = fitting_prefix(
-            op, _queued_blocks(op, ctx.window_seen, state.pins) - charged, headroom)
+            op, queued_blocks(op, ctx.window_seen, state.pins) - charged, headroom)
         if not cut or dedup.waits_for_claimant(state, [op], claiming, pinning):
             continue
         holds.remove(hold)
@@ -230,7 +230,7 @@ def _fit(
     )
 
 
-def _queued_blocks(op: Op, window: set[int], pins: dict[int, int]) -> set[int]:
+def queued_blocks(op: Op, window: set[int], pins: dict[int, int]) -> set[int]:
     """Free-queue blocks that protecting ``op`` would take from the allocator."""
     if op.pinned:
         return set()

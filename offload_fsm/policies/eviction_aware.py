@@ -25,6 +25,20 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   cannot spare the running requests' reserve, protect only the longest
   chunk-aligned prefix that leaves that reserve in the queue once the rest
   of the freed blocks join it (``split``; ``OpSplit`` ``SHIELD``).
+* The *lookup shield* (``LookupAnswered``): in one ``schedule()``, vLLM
+  looks a waiting request up in LMCache and allocates for it at once: its
+  LMCache hit (up to its whole prompt) and its new tokens, from the free
+  queue's head, hundreds of blocks for a burst of repeated prompts, before
+  any drain or window of this step sees them. The shell reads the reach of
+  that allocation (the head, until as many blocks as it can take that no
+  buffered op covers) and the core protects the buffered ops in it, each
+  request's front through its last op in reach (prefix closure), most
+  imminent first, within the pin headroom that leaves the allocation and
+  the running requests' reserve in the queue (the request's op that crosses
+  it cut to its longest chunk-aligned prefix, ``split``). The ops count as
+  shielded: this step's drain selects them first; a step that schedules no
+  token (its only work asynchronous loads) lifts them as it lifts every
+  shield, and their blocks rejoin the free queue at its tail, out of reach.
 * The *pin cascade*: selections made from the window pin window blocks,
   which pulls blocks from beyond ``D`` into it; the core asks for the window
   again (``ReadFreeQueue``) and plans over the newly visible blocks
@@ -51,20 +65,27 @@ from collections.abc import Sequence
 from itertools import compress, filterfalse
 
 from offload_fsm.policies import blockindex, dedup
-from offload_fsm.policies.ea_planner import danger_depth, next_ema, next_peak, plan_eviction_aware
+from offload_fsm.policies.ea_planner import (
+    danger_depth,
+    next_ema,
+    next_peak,
+    plan_eviction_aware,
+    queued_blocks,
+)
 from offload_fsm.rules import split
 from offload_fsm.rules.buffer import pop_overdue
 from offload_fsm.rules.drain import apply_plan
 from offload_fsm.rules.pins import blocks_of, pin_reserve, protect, release
 from offload_fsm.rules.plan import Plan
 from offload_fsm.rules.scope import PolicyHooks, Scope
-from offload_fsm.state import Op, RequestState, State, StepContext
+from offload_fsm.state import Op, RequestState, State, StepContext, holders
 from offload_fsm.vocabulary.commands import ReadFreeQueue
 from offload_fsm.vocabulary.counters import Counter
-from offload_fsm.vocabulary.decisions import OpsShielded, SelectReason, ShieldLifted
+from offload_fsm.vocabulary.decisions import OpsShielded, SelectReason, ShieldLifted, SplitReason
 from offload_fsm.vocabulary.errors import InvalidEvent
 from offload_fsm.vocabulary.events import (
     FreeQueueRead,
+    LookupAnswered,
     RequestFinished,
     StepScheduled,
     StepsPassed,
@@ -237,6 +258,79 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
     )
 
 
+def _shield_reach(state: State, event: LookupAnswered, scope: Scope) -> None:
+    """The lookup shield (module docstring)."""
+    window, owners, pins = event.window_block_ids, state.owners, state.pins
+    owned = [(rank, block) for rank, block in enumerate(window) if block in owners]
+    _check_reach(state, event, len(owned))
+    headroom = event.free_blocks - event.allocation_blocks - \
+        pin_reserve(state, state.reserve_blocks)
+    reach: dict[str, tuple[RequestState, int]] = {}  # most imminent first: req -> (rec, end)
+    for _rank, block in owned:
+        for op in holders(owners[block]):
+            rec = op.req
+            seen = reach.get(rec.req_id)
+            if seen is None or op.end_token > seen[1]:
+                reach[rec.req_id] = (rec, op.end_token)
+    queue = set(window)
+    charged: set[int] = set()  # queued blocks this shield takes, each charged once
+    for rec, end in reach.values():
+        if headroom <= len(charged):
+            break
+        chosen: list[Op] = []
+        for op in [op for op in rec.ops if op.end_token <= end and not op.pinned]:
+            more = queued_blocks(op, queue, pins) - charged
+            if len(charged) + len(more) <= headroom:
+                charged |= more
+                chosen.append(op)
+                continue
+            cut, part = split.fitting_prefix(op, more, headroom - len(charged)) \
+                if state.config.chunk_split else (0, set())
+            if cut:
+                split.split(state, rec, op, cut, SplitReason.SHIELD, scope)
+                charged |= part
+                chosen.append(op)
+            break
+        if not chosen:
+            continue
+        block_ids = blocks_of(chosen)
+        for op in chosen:
+            op.pinned = True
+        protect(state, -1, block_ids, scope)
+        state.shielded[rec.req_id] = None
+        state.counters[Counter.LOOKUP_SHIELDED_OPS] += len(chosen)
+        scope.decisions.append(
+            OpsShielded(req_id=rec.req_id, ops=len(chosen), blocks=len(block_ids),
+                        free_blocks=event.free_blocks, reach_blocks=len(window))
+        )
+
+
+def _check_reach(state: State, event: LookupAnswered, owned: int) -> None:
+    """What the log can check of the shell's walk: a prefix of the free
+    queue holding exactly the allocation's blocks that no buffered op
+    covers (fewer only where it read the whole queue), none twice, and no
+    block the core protects (a protected block is not in the queue)."""
+    window, tag, req_id = event.window_block_ids, event.TAG, event.req_id
+    if event.allocation_blocks <= 0 or event.free_blocks < 0:
+        raise InvalidEvent(tag, req_id, f"allocation_blocks={event.allocation_blocks} and "
+                           f"free_blocks={event.free_blocks}: expected a positive allocation "
+                           "and a non-negative queue length")
+    if len(window) > event.free_blocks or len(set(window)) != len(window):
+        raise InvalidEvent(tag, req_id, f"a lookup window of {len(window)} blocks "
+                           f"({len(set(window))} distinct) in a free queue of "
+                           f"{event.free_blocks}: expected distinct ids, no more than the queue")
+    unwatched = len(window) - owned
+    if unwatched != event.allocation_blocks and not (
+            unwatched < event.allocation_blocks and len(window) == event.free_blocks):
+        raise InvalidEvent(tag, req_id, f"a lookup window with {unwatched} blocks no buffered "
+                           f"op covers, expected allocation_blocks={event.allocation_blocks} "
+                           "(fewer only when it holds the whole free queue)")
+    pinned = next((block for block in window if block in state.pins), None)
+    if pinned is not None:
+        raise InvalidEvent(tag, req_id, f"block {pinned} is in a lookup window, but the core "
+                           "protects it (a protected block is not in the free queue)")
+
+
 def _lift_shields(state: State, scope: Scope) -> None:
     for req_id in list(state.shielded):
         rec = state.requests[req_id]
@@ -266,6 +360,7 @@ HOOKS = PolicyHooks(
     token_step=_token_step,
     passed_step=_passed_step,
     empty_step=_lift_shields,
+    lookup_answered=_shield_reach,
     finished=_shield,
     selecting=_selecting,
     released=_released,

@@ -19,7 +19,12 @@ from offload_fsm.rules.scope import PolicyHooks, Scope
 from offload_fsm.state import Op, RequestState, State
 from offload_fsm.vocabulary.decisions import SelectReason
 from offload_fsm.vocabulary.errors import InvalidEvent
-from offload_fsm.vocabulary.events import RequestFinished, StepScheduled, StepsPassed
+from offload_fsm.vocabulary.events import (
+    LookupAnswered,
+    RequestFinished,
+    StepScheduled,
+    StepsPassed,
+)
 
 
 def plan_fifo(state: State) -> Plan:
@@ -50,6 +55,12 @@ def _never_passes(state: State, allocated: int, next_blocks: int, free: int,
                   window: int) -> None:
     """FIFO's token step is its threshold rule: the shell never passes one."""
     raise InvalidEvent(StepsPassed.TAG, None, "FIFO takes every token step as StepScheduled")
+
+
+def _no_lookup_shield(state: State, event: LookupAnswered, scope: Scope) -> None:
+    """FIFO watches no free-queue rank: the shell never feeds a lookup."""
+    raise InvalidEvent(LookupAnswered.TAG, event.req_id,
+                       "FIFO takes no LookupAnswered (it watches no free-queue rank)")
 
 
 def _never_stored(state: State, op: Op) -> bool:
@@ -95,6 +106,7 @@ HOOKS = PolicyHooks(
     token_step=_token_step,
     passed_step=_never_passes,
     empty_step=_nothing_on_empty,
+    lookup_answered=_no_lookup_shield,
     finished=_nothing_finished,
     selecting=_all_selected,
     released=_nothing_released,

@@ -39,6 +39,7 @@ from offload_fsm.vocabulary.events import (
     OBSERVATION_TYPES,
     CandidateOffered,
     Event,
+    LookupAnswered,
     RequestArrived,
     RequestFinished,
     RequestPreempted,
@@ -85,6 +86,9 @@ REQUEST_LEGAL: Final[dict[tuple[type, RequestPhase], str | None]] = {
     (RequestPreempted, _U): None,  # nothing buffered: nothing to drop
     (RequestPreempted, _A): None,
     (RequestPreempted, _F): "a finished request was preempted",
+    (LookupAnswered, _U): "a lookup by a request that never arrived",
+    (LookupAnswered, _A): None,
+    (LookupAnswered, _F): "a lookup after the request finished",
 }
 
 _S = OpStatus

@@ -1,5 +1,5 @@
-"""Request lifecycle observations: arrival, offers, finish, preemption,
-prefix-cache reset and shutdown.
+"""Request lifecycle observations: arrival, offers, a waiting request's
+answered lookup, finish, preemption, prefix-cache reset and shutdown.
 
 A request is ACTIVE until ``RequestFinished`` (FINISHED). ``RequestPreempted``
 drops its buffer, orphans its batch and restarts its chain; ``RequestArrived``
@@ -35,6 +35,7 @@ from offload_fsm.vocabulary.decisions import DropCause, OpRejected, RejectReason
 from offload_fsm.vocabulary.errors import InvalidEvent
 from offload_fsm.vocabulary.events import (
     CandidateOffered,
+    LookupAnswered,
     PrefixCacheReset,
     RequestArrived,
     RequestFinished,
@@ -62,6 +63,12 @@ def on_arrived(state: State, event: RequestArrived, scope: Scope) -> None:
         scope.commands.append(EndSession(req_id=rec.req_id))
     else:
         orphan(rec, scope)
+
+
+def on_lookup_answered(state: State, event: LookupAnswered, scope: Scope) -> None:
+    """A waiting request's lookup was answered: the policy may protect the
+    buffered ops its allocation can reach (``PolicyHooks.lookup_answered``)."""
+    scope.hooks.lookup_answered(state, event, scope)
 
 
 def on_offered(state: State, event: CandidateOffered, scope: Scope) -> None:

@@ -21,7 +21,7 @@ import attrs
 from offload_fsm.state import Op, RequestState, State
 from offload_fsm.vocabulary.commands import Command
 from offload_fsm.vocabulary.decisions import Decision
-from offload_fsm.vocabulary.events import RequestFinished, StepScheduled
+from offload_fsm.vocabulary.events import LookupAnswered, RequestFinished, StepScheduled
 
 
 class Scope:
@@ -57,6 +57,10 @@ class PolicyHooks:
     passed_step: Callable[[State, int, int, int, int], None]
     # A step with no scheduled tokens.
     empty_step: Callable[[State, Scope], None]
+    # A waiting request's lookup was answered and its allocation may reach
+    # buffered blocks (``LookupAnswered``); raises ``InvalidEvent`` where the
+    # policy takes none.
+    lookup_answered: Callable[[State, LookupAnswered, Scope], None]
     # A request with buffered ops finished (before its ready/end bookkeeping).
     finished: Callable[[State, RequestState, RequestFinished, Scope], None]
     # Front ops taken for a batch: returns the ops to verify (may drop some).

@@ -5,7 +5,9 @@ Used by the stateful tests, the table tests and the replay tests to produce
 realistic event streams without vLLM. It models exactly what the core relies
 on: a free queue with the eviction head first, hashed blocks rejoining at the
 tail and hashless ones at the head, reallocation resetting a block's hash,
-``touch`` dequeuing on 0 -> 1, and per-worker store receipts.
+``touch`` dequeuing on 0 -> 1, per-worker store receipts, and a waiting
+request's lookup read as the connector reads it (``lookup``: the reach of
+the allocation that follows, ``LookupAnswered``).
 
 The world also checks the core from outside (``World.violations``): a
 submitted store covers only protected blocks whose hashes still equal the
@@ -41,6 +43,7 @@ from offload_fsm.vocabulary.commands import (
     ReleaseBlocks,
     SubmitStore,
 )
+from offload_fsm.vocabulary.config import Policy
 from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, StoreAbandoned, StoreSettled
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
 from offload_fsm.vocabulary.events import Event
@@ -303,6 +306,29 @@ class World:
             self.pool.release(self.intruders)
             self.intruders = []
         return tokens
+
+    def lookup(self, req_id: str, allocation_blocks: int) -> None:
+        """LMCache answered ``req_id``'s lookup and vLLM allocates
+        ``allocation_blocks`` for it next: under EVICTION_AWARE, the free
+        queue's head through the ``allocation_blocks``-th block no buffered
+        op covers, fed when a covered one is among them (as
+        ``connector.shell.lookahead`` reads it)."""
+        state = self.state
+        owners = state.owners
+        if state.config.policy is not Policy.EVICTION_AWARE or not owners or \
+                self.drain is not None:
+            return
+        window: list[int] = []
+        left = allocation_blocks
+        for block_id in self.pool.free:
+            if not left:
+                break
+            window.append(block_id)
+            left -= block_id not in owners
+        if any(block_id in owners for block_id in window):
+            self.feed(events.LookupAnswered(
+                req_id=req_id, allocation_blocks=allocation_blocks,
+                free_blocks=len(self.pool.free), window_block_ids=tuple(window)))
 
     def finish(self, req_id: str) -> None:
         req = self.active.pop(req_id)

@@ -79,6 +79,7 @@ class Counter(enum.StrEnum):
     SHUTDOWN_LEFT_REQUESTS = "shutdown_left_requests"
     SPLIT_OPS = "split_ops"  # ops cut at a chunk boundary (each rest is also admitted)
     SPLIT_TOKENS = "split_tokens"  # tokens left behind the cut, buffered as the rest
+    LOOKUP_SHIELDED_OPS = "lookup_shielded_ops"  # protected at a lookup (LookupAnswered)
 
     # Hashed on every counter update: Enum's __hash__ runs in Python and returns
     # hash(value); str's C hash gives the same value, so names still index.

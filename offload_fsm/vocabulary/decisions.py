@@ -72,7 +72,7 @@ class SplitReason(enum.Enum):
     """Why a buffered op was cut at a chunk boundary (``split``)."""
 
     PIN_BUDGET = "pin_budget"  # its queued blocks exceed the plan's pin headroom
-    SHIELD = "shield"  # at finish, protecting all of it would take the running requests' reserve
+    SHIELD = "shield"  # a shield (at finish, at a lookup) of all of it would take the reserve
 
 
 class IgnoreReason(enum.Enum):
@@ -164,10 +164,13 @@ class ReceiptIgnored:
 
 @attrs.frozen(kw_only=True)
 class OpsShielded:
-    """At finish, ops whose blocks would land inside the danger window once
-    freed were protected (the blind-window rule). ``reach_blocks``: how deep
-    the next schedule() can allocate (danger depth, token budget or recent
-    peak, the largest)."""
+    """Buffered ops were protected before an allocation could reach them:
+    at their request's finish, ops whose blocks would land inside the danger
+    window once freed (the blind-window rule; ``reach_blocks``: how deep the
+    next schedule() can allocate: danger depth, token budget or recent peak,
+    the largest), or at another request's lookup (``LookupAnswered``), ops
+    with blocks in the reach of its allocation (``reach_blocks``: the
+    free-queue blocks that allocation can reach)."""
 
     TAG: ClassVar[int] = 107
     req_id: str

@@ -12,7 +12,8 @@ Two kinds of event:
   :class:`CandidateOffered`, :class:`StepScheduled`, :class:`RequestFinished`,
   :class:`RequestPreempted`, :class:`ReceiptsArrived`,
   :class:`PrefixCacheReset`, :class:`ShutdownRequested`,
-  :class:`ChunksMissing`, :class:`ShutdownBegan`.
+  :class:`ChunksMissing`, :class:`ShutdownBegan`, :class:`StepsPassed`,
+  :class:`LookupAnswered`.
 * **Answers** report the result of a command the core asked for:
   :class:`HashesRead` answers ``ReadHashes`` and :class:`FreeQueueRead`
   answers ``ReadFreeQueue``. While answers are outstanding the core accepts no
@@ -223,6 +224,38 @@ quiet steps is reported when it reaches this, so the core's step count lags
 the engine's by fewer steps)."""
 
 
+@attrs.frozen(kw_only=True)
+class LookupAnswered:
+    """LMCache answered a waiting request's lookup, and vLLM's ``schedule()``
+    may now allocate for it, from the free queue's head, before any drain
+    runs: the request's LMCache hit (up to its whole prompt, taken at once)
+    and its new tokens (up to the step's token budget). Fed only under
+    EVICTION_AWARE, and only when that allocation could reach a buffered
+    block (``window_block_ids`` holds one). Source:
+    ``get_num_new_matched_tokens``, after LMCache's answer, which vLLM
+    follows with ``allocate_slots`` for the request in the same
+    ``schedule()``.
+
+    Fields:
+      req_id: the request that looked up (ACTIVE in the core).
+      allocation_blocks: the most blocks that allocation can take from the
+        free queue: ``cdiv(min(prompt tokens, local hit + LMCache hit +
+        token budget), block size)`` less the local hit's blocks.
+      free_blocks: the free queue's length now.
+      window_block_ids: the free queue's head (rank 0 first), read until
+        ``allocation_blocks`` blocks that no buffered op covers were seen, or
+        to the queue's end: a buffered block the core protects leaves the
+        queue and the allocation takes the next block instead, so these are
+        every block the allocation can reach, and its reach is exact.
+    """
+
+    TAG: ClassVar[int] = 14
+    req_id: str
+    allocation_blocks: int
+    free_blocks: int
+    window_block_ids: tuple[int, ...]
+
+
 Event = (
     RequestArrived
     | CandidateOffered
@@ -237,6 +270,7 @@ Event = (
     | ChunksMissing
     | ShutdownBegan
     | StepsPassed
+    | LookupAnswered
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -253,6 +287,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ChunksMissing,
     ShutdownBegan,
     StepsPassed,
+    LookupAnswered,
 )
 # Answers report a command's result; every other event is an observation.
 ANSWER_TYPES: tuple[type[Event], ...] = (HashesRead, FreeQueueRead)

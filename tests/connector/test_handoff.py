@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 import pytest
 
+from connector.handoff.link import flush_when_idle as module_flush_when_idle
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from connector.handoff.sender import Handoff
-from connector.handoff.sender import _flush_when_idle as module_flush_when_idle
 from offload_fsm import drive, new_state
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import from_wire, packb, unpackb

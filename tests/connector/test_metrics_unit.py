@@ -103,7 +103,7 @@ def test_a_call_after_no_event_reads_nothing_and_the_next_event_brings_all() -> 
     source.collect()
     before = s.mgr.events_applied
     s.step()  # nothing near the eviction head: the step passes
-    assert s.mgr.events_applied == before and len(s.mgr._passed) == 1
+    assert s.mgr.events_applied == before and len(s.mgr._reader.passed) == 1
     s.mgr.state.counters[CoreCounter.EMPTY_STEPS] += 5  # not read: no event applied
     assert source.collect() == ({}, {})
     s.offer("b")  # reports the passed step, then the offer

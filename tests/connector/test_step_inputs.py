@@ -68,7 +68,7 @@ def test_a_prefix_hit_is_no_reallocation_and_a_changed_hash_is() -> None:
     pool.touch(blocks)  # "b" hits "a"'s blocks in the prefix cache: same content
     mgr.on_request_arrived("b")
     mgr.on_scheduler_step(_new_request("b", ids))
-    assert steps == [] and len(mgr._passed) == 1  # nothing moved: the step passed
+    assert steps == [] and len(mgr._reader.passed) == 1  # nothing moved: the step passed
     assert all(b in mgr.state.owners for b in ids)  # still watched, still buffered
 
     blocks[1].reset_hash()  # the block was evicted and now holds other content

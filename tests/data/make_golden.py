@@ -17,6 +17,13 @@ prompt) recorded again (``testkit.rerecord``), with a digest every 250 events
 and a snapshot every 1,000. From schema 7 (``StepsPassed``) every step the
 shell would pass today goes in a ``StepsPassed``, as the connector records
 it (``rerecord(..., pass_quiet_steps=True)``).
+
+From schema 8 (``LookupAnswered``: fed only where a waiting request's
+allocation can reach buffered blocks, which sim-ea-3's traffic never
+recorded) the source is ``tests/data/sim_logs/sim-ea-burst``: the
+simulator's burst-repeat log at the issue12-small scale, recorded with the
+lookup shield (``python -m bench.simulate --scale issue12-small --configs 2
+--arms "ours EA"``), its first 3,000 events.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ def main() -> int:
         return 1
     directory.mkdir(parents=True, exist_ok=True)
     versions = {"package": "golden", "vllm": "", "lmcache": ""}
-    source = Path(__file__).parent / "sim_logs" / "sim-ea-3"
+    source = Path(__file__).parent / "sim_logs" / "sim-ea-burst"
     recorder, state, events = rerecord(
         source, lambda header: EventRecorder(
             config_of(header), header.world_size, str(directory), versions, prefix="golden",

@@ -91,17 +91,18 @@ def test_a_sigterm_to_another_engine_thread_shuts_the_engine_down_and_seals_the_
 
 
 def _recorders_of(pid: int) -> list[int]:
-    """The recorder processes (``python -m connector.recorder``) ``pid`` started."""
+    """The recorder processes of engine ``pid``: not its children (they left its
+    process tree, ``connector.recorder.detach``); their command line names it."""
     found = []
+    mine = f"-m\0connector.recorder\0{pid}\0".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"connector.recorder" in cmdline:
+        if cmdline.endswith(mine):
             found.append(int(entry))
     return found
 

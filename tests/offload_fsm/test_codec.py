@@ -61,6 +61,7 @@ WIRE_TABLE: dict[int, tuple[str, tuple[str, ...]]] = {
     11: ("ChunksMissing", ("chunk_keys",)),
     12: ("ShutdownBegan", ("time_s",)),
     13: ("StepsPassed", ("steps",)),
+    14: ("LookupAnswered", ("req_id", "allocation_blocks", "free_blocks", "window_block_ids")),
     100: ("OpRejected", ("req_id", "start_token", "end_token", "reason")),
     101: ("OpsSelected",
           ("req_id", "batch_id", "start_token", "end_token", "ops", "reason", "rank")),
@@ -191,7 +192,7 @@ def test_tuples_come_back_as_tuples_and_enums_as_members() -> None:
     assert decode(encode(dropped)).cause is DropCause.STALE
 
 
-@pytest.mark.parametrize("tag", [0, 14, 99, 116, 199, 206, 299, 300, -1, 2**40])
+@pytest.mark.parametrize("tag", [0, 15, 99, 116, 199, 206, 299, 300, -1, 2**40])
 def test_unknown_tag_raises_unknown_tag(tag: int) -> None:
     data = msgpack.packb([tag, "x"], use_bin_type=True)
     with pytest.raises(UnknownTag) as raised:

@@ -94,6 +94,9 @@ class Setup:
                 events.HashesRead, events.HashesRead(batch_id=0, block_hashes=(1, 2))),
             events.FreeQueueRead: lambda: self.answers.get(
                 events.FreeQueueRead, events.FreeQueueRead(window_block_ids=(1,))),
+            events.LookupAnswered: lambda: events.LookupAnswered(
+                req_id="live", allocation_blocks=2, free_blocks=len(h.visible()),
+                window_block_ids=tuple(h.visible()[:2])),
         }
         return made[kind]()
 
@@ -154,6 +157,10 @@ def _request_event(kind: type, h: Harness) -> Event:
                                 block_ids=h.new_blocks(), block_hashes=(7, 8), time_s=0.0)
     if kind is events.RequestFinished:
         return events.RequestFinished(req_id="r", free_blocks=10)
+    if kind is events.LookupAnswered:
+        return events.LookupAnswered(req_id="r", allocation_blocks=1,
+                                     free_blocks=len(h.visible()),
+                                     window_block_ids=tuple(h.visible()[:1]))
     result: Event = kind(req_id="r")
     return result
 
@@ -177,7 +184,7 @@ def test_request_phase_table(pair: tuple[type, RequestPhase], reason: str | None
 
 def test_every_request_scoped_pair_is_in_the_table() -> None:
     scoped = {events.RequestArrived, events.CandidateOffered, events.RequestFinished,
-              events.RequestPreempted}
+              events.RequestPreempted, events.LookupAnswered}
     assert set(REQUEST_LEGAL) == {(k, p) for k in scoped for p in RequestPhase}
 
 

@@ -9,9 +9,12 @@ invariants must hold and the world's pin counts must equal the core's. The
 ending delivers every receipt, finishes every request and shuts down: then no
 pin may remain and the ledger must close with nothing pending.
 
-Faults are rules too: receipts reordered, duplicated and lost (the receipt
-lease lets a silent batch go), consumers that take blocks from the
-free-queue head just before a drain (reported, or not at all), and
+A waiting request's lookup may be answered (its allocation's reach fed as
+the connector feeds it) and a big allocation take the free queue's head
+right after it, before any drain. Faults are rules too: receipts reordered,
+duplicated and lost (the receipt lease lets a silent batch go), consumers
+that take blocks from the free-queue head just before a drain (reported, or
+not at all), and
 exceptions raised by the shell's command executor (the shell then drains
 what LMCache holds, ``offload_fsm.after_failure``). Every run ends with every
 pin released, every finished session ended and no stale store.
@@ -187,6 +190,16 @@ class OffloadMachine(RuleBasedStateMachine):
         """Blocks taken from the free-queue head just before the next drain."""
         note(f"intrude {count} report={report}")
         self.world.intrude(count, report=report)
+
+    @precondition(lambda self: self.world.active)
+    @rule(data=st.data(), blocks=st.integers(1, 8))
+    def lookup_then_allocate(self, data: st.DataObject, blocks: int) -> None:
+        """A waiting request's lookup is answered, and vLLM allocates its hit
+        from the free-queue head at once (reported with the next step)."""
+        req_id = data.draw(st.sampled_from(sorted(self.world.active)))
+        note(f"lookup by {req_id}, then {blocks} blocks allocated")
+        self.world.lookup(req_id, blocks)
+        self.world.intrude(blocks, report=True)
 
     @rule(kind=st.sampled_from(COMMANDS), dice=st.integers(0, 3))
     def break_the_executor(self, kind: type, dice: int) -> None:

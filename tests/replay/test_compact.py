@@ -3,7 +3,8 @@ through a writer's and a reader's :class:`WireContext`; a plain (schema 3)
 wire tuple is a valid compact form; references into lost records raise
 rather than decode against a guess; a recorded log is batches of one zlib
 stream per segment, and smaller than its plain records. Schema 5's block-id
-runs and compact snapshot ops round-trip too, on a real scheduler's log."""
+runs and compact snapshot ops round-trip too, on a real scheduler's log, and
+schema 8's lookup windows travel as deltas like the other windows."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def _events(rng: random.Random, count: int) -> list[tuple[object, ...]]:
         out.append((3, 64, len(taken), 2, 1, len(free), window, reallocated, 0.25))
         if rng.random() < 0.3:
             out.append((8, tuple(free[: rng.randint(0, 40)])))
+        if rng.random() < 0.3:  # a lookup's walk of the head (schema 8)
+            reach = rng.randint(1, 80)
+            out.append((14, "w", reach, len(free), tuple(free[:reach])))
         out.append((7, 5, tuple(hashes[b] for b in taken)))
     return out
 
@@ -94,6 +98,10 @@ def test_a_window_delta_of_any_shape_is_undone(
         reader.expand((8, (1, 2, True)))
     with pytest.raises(LogCorrupt, match="outside the previous window"):
         reader.expand((8, ((5, 99), 1, 2)))
+    with pytest.raises(LogCorrupt, match="outside the previous window"):
+        reader.expand((14, "w", 3, 100, ((5, 99), 1, 2)))
+    with pytest.raises(LogCorrupt, match="compact event tag 14"):
+        reader.expand((14, "w", 3))
 
 
 def test_a_plain_wire_tuple_is_a_compact_form() -> None:

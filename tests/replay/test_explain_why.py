@@ -82,3 +82,30 @@ def test_a_reallocated_block_names_its_new_request(tmp_path: Path) -> None:
     assert "evicted" in out
     assert "what changed it: vLLM reallocated the block to request b" in out
     assert "what you can do: drain sooner" in out
+
+
+def test_a_lookup_shield_names_the_request_and_its_allocation(tmp_path: Path) -> None:
+    """``a`` finished with its blocks deep in the free queue; ``w``'s lookup
+    lets vLLM allocate past them: explain says they were protected at that
+    lookup, by whom and how far it reached, then stored."""
+    from offload_fsm.vocabulary.events import LookupAnswered
+
+    h = Harness(ea())
+    h.queue = list(range(100, 140))
+    h.arrive("a", "w")
+    blocks = h.new_blocks(2)
+    h.offer("a", blocks=blocks)
+    h.finish("a", free=40)
+    h.queue[10:10] = list(blocks)
+    h.feed(LookupAnswered(req_id="w", allocation_blocks=12, free_blocks=42,
+                          window_block_ids=tuple(h.queue[:14])))
+    h.tick(allocated=12)
+    h.complete("a")
+    h.shutdown()
+    code, out, err = run_cli("explain", str(record_harness(h, tmp_path)), "--request", "a")
+    assert code == 0, err
+    assert ("shielded 1 ops (2 blocks protected at a lookup: request w's LMCache answer lets "
+            "vLLM allocate 12 blocks at once, reaching 14 blocks into the free queue of 42, "
+            "before any drain)") in out
+    assert "selected [0, 64) (1 ops) into batch 0: shielded" in out
+    assert "1 ops STORED" in out

@@ -34,6 +34,8 @@ EVERY_EVENT = (
     events.ChunksMissing(chunk_keys=(2**64 - 1, 7)),
     events.ShutdownBegan(time_s=2.5),
     events.StepsPassed(steps=((64, 2, 2, 1, 10, 0, 2.75), (1, 0, 1, 0, 10, 3, 3.0))),
+    events.LookupAnswered(req_id="r-4", allocation_blocks=2, free_blocks=10,
+                          window_block_ids=(7, 3, 8)),
 )
 EMPTY = Outcome(decisions=(), commands=())
 HEADER = Header(seq=0, wall_time_s=1000.0, schema=SCHEMA_VERSION, config={"k": 1},
@@ -87,7 +89,8 @@ def test_wire_tags_are_stable() -> None:
     """Renumbering breaks every recorded log: these values are forever."""
     assert (logformat.HEADER, logformat.INPUTS, logformat.DIGEST, logformat.GAP,
             logformat.END) == (1, 2, 3, 4, 5)
-    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert [type(e).TAG for e in EVERY_EVENT] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                 14]
 
 
 def test_unknown_tags_and_bad_payloads() -> None:
