@@ -200,49 +200,35 @@ _ENGINE = textwrap.dedent("""
         time.sleep(0.001)
         if calls[0] == 400:
             link = h._link
-            print(link.pid, flush=True)
             acknowledged(h)
-            os.kill(os.getpid(), signal.SIGKILL)
+            print(link.pid, flush=True)
+            {then}
     run_workload(requests=400, seed=8, sink=sink)
 """)
+
+
+def _ends_with_vanished(directory: Path) -> Any:
+    """The run in ``directory`` ends with VANISHED and replays clean to it."""
+    (last,) = [item for item in scan(run_files(directory)[-1].read_bytes())][-1:]
+    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
+    result = replay(directory)
+    assert result.divergence is None and result.rejection is None and not result.damage
+    assert "the engine vanished after event" in result.vanished
+    return result
 
 
 def test_an_engine_killed_leaves_a_closed_log_that_says_so(tmp_path: Path) -> None:
     """SIGKILL to the engine: its recorder writes what it received, ends the
     log with VANISHED, and exits; the log verifies up to there."""
-    code = _ENGINE.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    code = _ENGINE.format(tests=str(Path(__file__).parent), directory=str(tmp_path),
+                          then="os.kill(os.getpid(), signal.SIGKILL)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     engine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=120, check=False)
     assert engine.returncode == -signal.SIGKILL, engine.stderr
     recorder_pid = int(engine.stdout.split()[0])
     assert _wait_gone(recorder_pid), "the recorder outlived its engine"
-    (last,) = [item for item in scan(run_files(tmp_path)[-1].read_bytes())][-1:]
-    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
-    result = replay(tmp_path)
-    assert result.divergence is None and result.rejection is None and not result.damage
-    assert "the engine vanished after event" in result.vanished
-    assert result.events_applied >= 300
-
-
-_ENGINE_TREE_KILLED = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {tests!r})
-    from test_recorder_process import acknowledged, handoff
-    from offload_fsm.testing.synthetic import run_workload
-    from pathlib import Path
-    h = handoff(Path({directory!r}), [])
-    calls = [0]
-    def sink(applied, state):
-        calls[0] += 1
-        h.record(applied, state)
-        if calls[0] == 300:
-            link = h._link
-            acknowledged(h)
-            print(link.pid, flush=True)
-            time.sleep(120)  # until vLLM kills this engine's process tree
-    run_workload(requests=400, seed=8, sink=sink)
-""")
+    assert _ends_with_vanished(tmp_path).events_applied >= 300
 
 
 def test_vllms_kill_of_the_engines_process_tree_leaves_the_recorder_to_close_the_log(
@@ -253,7 +239,8 @@ def test_vllms_kill_of_the_engines_process_tree_leaves_the_recorder_to_close_the
     its engine gone, ends the log with VANISHED and exits."""
     from vllm.utils.system_utils import kill_process_tree
 
-    code = _ENGINE_TREE_KILLED.format(tests=str(Path(__file__).parent), directory=str(tmp_path))
+    code = _ENGINE.format(tests=str(Path(__file__).parent), directory=str(tmp_path),
+                          then="time.sleep(120)  # until vLLM kills this engine's process tree")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env=env)
@@ -265,11 +252,7 @@ def test_vllms_kill_of_the_engines_process_tree_leaves_the_recorder_to_close_the
     finally:
         engine.kill()
     assert _wait_gone(recorder_pid), "the recorder outlived its engine"
-    (last,) = [item for item in scan(run_files(tmp_path)[-1].read_bytes())][-1:]
-    assert isinstance(last, Record) and unpackb(last.payload)[0] == VANISHED
-    result = replay(tmp_path)
-    assert result.divergence is None and result.rejection is None and not result.damage
-    assert "the engine vanished after event" in result.vanished
+    _ends_with_vanished(tmp_path)
 
 
 _ENGINE_BEHIND = textwrap.dedent("""
