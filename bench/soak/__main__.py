@@ -145,6 +145,7 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
                           for level, kinds in warning_kinds(text).items()}
     result["hook_lines"] = [line for line in text.splitlines() if FIRED.split(":")[0] in line]
     if arm == "ours":
+        _recorders_gone(result["pids"].get("recorder", []))
         remaining = dir_bytes(log_dir)[1]
         result["log_files_end"] = len(remaining)
         result["log_files_deleted"] = len(files_seen - set(remaining))
@@ -170,6 +171,21 @@ def _progress(sampler: Sampler, traffic: Traffic, t0: float, duration_s: float) 
               f"{percentile(lat, 0.5) or 0:.2f}s engine_rss={last.get('engine_rss_mib')} MiB "
               f"recorder_rss={last.get('recorder_rss_mib')} log_dir={last.get('log_dir_mib')} "
               f"MiB pinned={last.get('pinned_blocks')}", flush=True)
+
+
+def _recorders_gone(pids: list[int], timeout_s: float = 30.0) -> None:
+    """Wait for the recorders to exit: vLLM's abort-mode shutdown kills the
+    engine, not its recorder (it left the engine's process tree), which then
+    writes what it holds and closes the log on its own."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:  # gone, or a zombie nobody reaped yet
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.1)
 
 
 def replay_cli(command: str, log_dir: Path, *extra: str) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import pytest
 
 from logfiles.runs import run_files, run_prefixes
 from offload_fsm.log.decode import LogDecoder
-from offload_fsm.log.framing import scan
+from offload_fsm.log.framing import Record, scan
+from offload_fsm.log.records import END, VANISHED
+from offload_fsm.log.wire import unpackb
 from testkit.api_server import get, post_json, running_api_server
 from testkit.lmcache_server import LMCacheServer
 from tests.e2e.test_connector import our_kv_transfer_config
@@ -26,6 +28,27 @@ from tests.replay.test_verify import _cli
 pytestmark = pytest.mark.e2e
 
 P = "vllm:lazy_offload_"
+
+
+def _closed_runs(log_dir: Path, runs: int, timeout_s: float = 60.0) -> list[str | None]:
+    """The runs of ``log_dir`` once ``runs`` of them end with END or VANISHED.
+    vLLM's abort-mode shutdown kills the engines, not their recorders (they
+    left its process tree): each one writes out what it holds and closes its
+    log after its engine is gone, so the files are complete only then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        prefixes = run_prefixes(log_dir) if log_dir.is_dir() else []
+        closed = [p for p in prefixes
+                  if p is not None and _last_kind(log_dir, p) in (END, VANISHED)]
+        if len(closed) >= runs or time.monotonic() > deadline:
+            return prefixes
+        time.sleep(0.2)
+
+
+def _last_kind(log_dir: Path, prefix: str) -> int | None:
+    records = [item for item in scan(run_files(log_dir, prefix)[-1].read_bytes())
+               if isinstance(item, Record)]
+    return int(unpackb(records[-1].payload)[0]) if records else None
 
 
 def _per_engine(port: int, name: str) -> dict[str, float]:
@@ -80,7 +103,7 @@ def test_two_engines_log_and_report_under_their_own_index(
         assert sorted(up.values()) == [1.0, 1.0], up
         assert set(admitted) == {"0", "1"}, admitted
         assert all(value > 0 for value in admitted.values()), admitted
-    prefixes = run_prefixes(log_dir)
+    prefixes = _closed_runs(log_dir, 2)
     assert len(prefixes) == 2, prefixes
     engines = set()
     for prefix in prefixes:
