@@ -60,16 +60,16 @@ from offload_fsm.state import State
 from offload_fsm.vocabulary.events import LookupAnswered
 
 
-def missing_chunk_keys(stored: Container[int], hit_chunks: int, last_blocks: Sequence[Any],
+def missing_chunk_keys(stored: Container[int], last_blocks: Sequence[Any],
                        pool_hash: Callable[[Any], Any], fingerprint: Callable[[Any], int]
                        ) -> tuple[int, ...]:
-    """The content keys (``Op.chunk_keys``) of the chunks past the first
-    ``hit_chunks`` that are ``stored`` as far as the core knows: LMCache's
-    lookup stopped before them, so they are gone from the server (its L1 is
-    LRU, and retrieval stops at the first missing chunk). ``last_blocks``:
-    each chunk's last block hash, in order, of which only those past the hit
-    are turned into pool hashes and fingerprinted."""
-    keys = (fingerprint(pool_hash(h)) for h in last_blocks[hit_chunks:])
+    """The content keys (``Op.chunk_keys``) of the chunks past a lookup's hit
+    that are ``stored`` as far as the core knows: LMCache's lookup stopped
+    before them, so they are gone from the server (its L1 is LRU, and
+    retrieval stops at the first missing chunk). ``last_blocks``: the last
+    block hash of each chunk past the hit, in order; only those are turned
+    into pool hashes and fingerprinted."""
+    keys = (fingerprint(pool_hash(h)) for h in last_blocks)
     return tuple(key for key in keys if key in stored)
 
 

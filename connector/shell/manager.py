@@ -355,9 +355,10 @@ class EventSourcedManager:
         per_chunk = self._blocks_per_chunk
         if self._drain is not None or self._closed or not per_chunk:
             return
+        first = hit_tokens // (per_chunk * self._group_tokens_per_block[0])  # chunks hit
         keys = missing_chunk_keys(  # the core's stored-content memory, read only
-            self.state.stored_keys, hit_tokens // (per_chunk * self._group_tokens_per_block[0]),
-            block_hashes[per_chunk - 1 :: per_chunk], pool_hash, self._fingerprint)
+            self.state.stored_keys, block_hashes[(first + 1) * per_chunk - 1 :: per_chunk],
+            pool_hash, self._fingerprint)
         if keys:
             self._guarded(self._feed, events.ChunksMissing(chunk_keys=keys))
 

@@ -244,29 +244,19 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
         freed = len(set(blocks_of(ops)).difference(state.pins))
         budget = free_blocks + freed - state.reserve_blocks
         ops = split.shield_prefix(state, rec, ops, budget, scope)
-    block_ids = blocks_of(ops)
-    if not block_ids:
-        return
-    for op in ops:
-        op.pinned = True
-    protect(state, -1, block_ids, scope)
-    state.shielded[rec.req_id] = None
-    state.counters[Counter.SHIELDED_OPS] += len(ops)
-    scope.decisions.append(
-        OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
-                    free_blocks=free_blocks, reach_blocks=reach)
-    )
+    _shield_ops(state, rec, ops, Counter.SHIELDED_OPS, free_blocks=free_blocks,
+                reach_blocks=reach, scope=scope)
 
 
 def _shield_reach(state: State, event: LookupAnswered, scope: Scope) -> None:
     """The lookup shield (module docstring)."""
     window, owners, pins = event.window_block_ids, state.owners, state.pins
-    owned = [(rank, block) for rank, block in enumerate(window) if block in owners]
+    owned = [block for block in window if block in owners]
     _check_reach(state, event, len(owned))
     headroom = event.free_blocks - event.allocation_blocks - \
         pin_reserve(state, state.reserve_blocks)
     reach: dict[str, tuple[RequestState, int]] = {}  # most imminent first: req -> (rec, end)
-    for _rank, block in owned:
+    for block in owned:
         for op in holders(owners[block]):
             rec = op.req
             seen = reach.get(rec.req_id)
@@ -291,18 +281,26 @@ def _shield_reach(state: State, event: LookupAnswered, scope: Scope) -> None:
                 charged |= part
                 chosen.append(op)
             break
-        if not chosen:
-            continue
-        block_ids = blocks_of(chosen)
-        for op in chosen:
-            op.pinned = True
-        protect(state, -1, block_ids, scope)
-        state.shielded[rec.req_id] = None
-        state.counters[Counter.LOOKUP_SHIELDED_OPS] += len(chosen)
-        scope.decisions.append(
-            OpsShielded(req_id=rec.req_id, ops=len(chosen), blocks=len(block_ids),
-                        free_blocks=event.free_blocks, reach_blocks=len(window))
-        )
+        _shield_ops(state, rec, chosen, Counter.LOOKUP_SHIELDED_OPS,
+                    free_blocks=event.free_blocks, reach_blocks=len(window), scope=scope)
+
+
+def _shield_ops(state: State, rec: RequestState, ops: list[Op], counter: Counter, *,
+                free_blocks: int, reach_blocks: int, scope: Scope) -> None:
+    """Protect ``ops`` of ``rec`` until a drain selects them or the shields
+    lift (an empty step), count them under ``counter`` and say so."""
+    block_ids = blocks_of(ops)
+    if not block_ids:
+        return
+    for op in ops:
+        op.pinned = True
+    protect(state, -1, block_ids, scope)
+    state.shielded[rec.req_id] = None
+    state.counters[counter] += len(ops)
+    scope.decisions.append(
+        OpsShielded(req_id=rec.req_id, ops=len(ops), blocks=len(block_ids),
+                    free_blocks=free_blocks, reach_blocks=reach_blocks)
+    )
 
 
 def _check_reach(state: State, event: LookupAnswered, owned: int) -> None:
