@@ -1,7 +1,7 @@
 """The recorder process's own CPU, for an arm of ours with the event log on.
 
 Contract: :meth:`RecorderWatch.of` gives a watch on the recorder process of a
-lazy manager of ours (``EventSourcedManager._event_log``, a
+lazy manager of ours (``EventSourcedManager.event_log``, a
 ``connector.handoff.sender.Handoff``), or None when there is none (no connector, a
 stock arm, the log off). The loop calls, in order:
 
@@ -58,7 +58,7 @@ class RecorderWatch:
 
     @classmethod
     def of(cls, manager: Any) -> RecorderWatch | None:
-        handoff = getattr(manager, "_event_log", None)
+        handoff = getattr(manager, "event_log", None)
         if handoff is None or getattr(handoff, "_link", None) is None:
             return None
         return cls(handoff)

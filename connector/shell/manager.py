@@ -3,10 +3,13 @@ implemented by feeding ``offload_fsm`` and executing its commands.
 
 LMCache 0.5.6's ``LMCacheMPConnector`` routes every lazy-offload call through
 one object (``_lazy_offload_manager``) with nine methods; this class is that
-object. Each call becomes one observation event; :func:`offload_fsm.drive`
-applies it and runs the command loop against vLLM's ``BlockPool``
-(``connector.shell.pool_commands``, which also keeps the shell's records of what
-it pinned and submitted).
+object. Each call becomes one observation event, which
+``connector.shell.feeding`` applies (:func:`offload_fsm.drive`, the command
+loop against vLLM's ``BlockPool`` in ``connector.shell.pool_commands``, which
+also keeps the shell's records of what it pinned and submitted) and records:
+one core pass and one record per half step. What ``schedule()`` observes
+before the step is read waits and is applied where it is read; finishes and
+receipts are applied at once.
 
 No business rule lives here: building stores is ``connector.shell.stores``, what
 a step's output says ``connector.shell.step_reading``, the log lines
@@ -41,21 +44,21 @@ from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
 from connector.shell import blocks
+from connector.shell.feeding import CoreFeed
 from connector.shell.logs import get_logger
 from connector.shell.lookahead import Lookahead, missing_chunk_keys
 from connector.shell.narrator import Narrator, counters_line
 from connector.shell.pool_commands import PoolCommands
 from connector.shell.step_reading import StepReader
 from connector.shell.stores import StoreBuilder, StoreSource
-from offload_fsm import OffloadConfig, Policy, drive, new_state
+from offload_fsm import OffloadConfig, Policy, new_state
 from offload_fsm.after_failure import DrainOnly
 from offload_fsm.queries import has_in_flight, keeps_stepping
 from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
-from offload_fsm.vocabulary.events import Event
-from offload_fsm.vocabulary.outcome import Outcome
 
 _R = TypeVar("_R")
+
 
 
 def _hook(default: Callable[[], Any]) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
@@ -112,10 +115,8 @@ class EventSourcedManager:
         self._reader = StepReader(self._group_tokens_per_block, self._fingerprint)
         self._step_budget_blocks = self._reader.blocks_for(step_budget_tokens)
         self._lookahead = Lookahead(self._reader, step_budget_tokens)
-        self._event_log = event_log
         self._clock = clock
         self._pool: Any = None
-        self._seq = 0
         self._closed = False
         self._log = get_logger()
         self._commands = PoolCommands(StoreBuilder(group_tokens_per_block), self._fingerprint,
@@ -128,11 +129,16 @@ class EventSourcedManager:
         self._late: DrainOnly | None = None  # the drain after an early seal
         self._hooks_failed: set[str] = set()
         self._narrator = Narrator(self._log, clock, run=run)
+        self._core = CoreFeed(self.state, self._reader, self._commands, self._narrator,
+                              event_log, self._hook_failed)
 
     @property
     def events_applied(self) -> int:
         """How many events the core has applied (and the log numbered)."""
-        return self._seq
+        return self._core.seq
+
+    event_log = property(lambda self: self._core.event_log,
+                         doc="Where applied events are recorded (``__init__``'s).")
 
     @property
     def draining(self) -> bool:
@@ -193,6 +199,7 @@ class EventSourcedManager:
             self._commands.execute_drained(self._drain.step(self._clock()))
         elif self._pool is not None:
             self._guarded(self._step, scheduler_output)
+        self._core.record()
         return self._commands.take_actions()
 
     @_hook(LazyOffloadActions)
@@ -210,10 +217,11 @@ class EventSourcedManager:
             self._commands.execute_drained(
                 self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
-            self._guarded(self._feed, events.ReceiptsArrived(
+            self._guarded(self._core.feed, events.ReceiptsArrived(
                 completed=tuple(sorted(completed_store_counts.items())),
                 failed=tuple(sorted(failed_request_ids)),
             ))
+        self._core.record()
         return self._commands.take_actions()
 
     @_hook(LazyOffloadActions)
@@ -237,7 +245,7 @@ class EventSourcedManager:
         dropped and a batch in flight is orphaned (its receipts still release
         its pins). Never raises."""
         if self._drain is None:
-            self._guarded(self._feed, events.RequestPreempted(req_id=request_id))
+            self._guarded(self._core.feed, events.RequestPreempted(req_id=request_id))
 
     @_hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
@@ -316,7 +324,7 @@ class EventSourcedManager:
         self._closed = True
         try:
             if self._drain is None:
-                self._guarded(self._feed, events.ShutdownRequested())
+                self._guarded(self._core.feed, events.ShutdownRequested())
                 self._commands.submitted.clear()  # shutdown abandoned every batch it held
                 self._narrator.left_at_shutdown(self.state,
                                                 signal_seen=self._shutdown_signal_s is not None)
@@ -325,9 +333,10 @@ class EventSourcedManager:
                 self._narrator.drained("lazy offload drained at shutdown", self._drain)
             self._log.info(f"Lazy offload final counters: {counters_line(self.state)}")
         finally:  # whatever went wrong above, the log gets its END
-            if self._event_log is not None:
+            self._core.record()
+            if self._core.event_log is not None:
                 # A closed state's digest means nothing to replay.
-                self._event_log.close(self.state if self._drain is None else None)
+                self._core.event_log.close(self.state if self._drain is None else None)
 
     @_hook(lambda: None)
     def reset_prefix_cache(self) -> None:
@@ -338,7 +347,7 @@ class EventSourcedManager:
         ``LLM.reset_prefix_cache()`` unless asked to reset the connector's
         cache too. Never raises."""
         if self._drain is None:
-            self._guarded(self._feed, events.PrefixCacheReset())
+            self._guarded(self._core.feed, events.PrefixCacheReset())
 
     @_hook(lambda: None)
     def on_lookup_result(
@@ -360,7 +369,7 @@ class EventSourcedManager:
             self.state.stored_keys, block_hashes[(first + 1) * per_chunk - 1 :: per_chunk],
             pool_hash, self._fingerprint)
         if keys:
-            self._guarded(self._feed, events.ChunksMissing(chunk_keys=keys))
+            self._guarded(self._core.feed, events.ChunksMissing(chunk_keys=keys))
 
     @_hook(lambda: None)
     def on_lookup_answered(self, request_id: str, *, prompt_tokens: int, local_tokens: int,
@@ -375,13 +384,13 @@ class EventSourcedManager:
         state = self.state
         if self._drain is not None or self._closed or self._pool is None or not state.owners \
                 or self.config.policy is not Policy.EVICTION_AWARE \
-                or request_id not in state.requests:
+                or (request_id not in state.requests and not self._core.arriving(request_id)):
             return
         event = self._lookahead.answered(
             state, self._pool, request_id, prompt_tokens=prompt_tokens,
             local_tokens=local_tokens, hit_tokens=hit_tokens, loads_async=loads_async)
         if event is not None:
-            self._guarded(self._feed, event)
+            self._guarded(self._core.feed, event)
 
     # -- observations -----------------------------------------------------
 
@@ -390,7 +399,7 @@ class EventSourcedManager:
         self._commands.stores.offered(req_id, start, end, group_block_ids, source)
         block_ids = tuple(group_block_ids[0]) if len(group_block_ids) == 1 else \
             tuple(chain.from_iterable(group_block_ids))
-        self._feed(events.CandidateOffered(
+        self._core.defer(events.CandidateOffered(
             req_id=req_id, start_token=start, end_token=end, block_ids=block_ids,
             block_hashes=blocks.hashes_of(self._pool, block_ids, self._fingerprint),
             time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
@@ -404,56 +413,37 @@ class EventSourcedManager:
         reports: no core step and nothing recorded now."""
         if self._shutdown_signal_s is not None and not self._shutdown_fed:
             self._shutdown_fed = True
-            self._feed(events.ShutdownBegan(
+            self._core.feed(events.ShutdownBegan(
                 time_s=max(self._shutdown_signal_s, self.state.time_s)))
             self._log.info("lazy offload: vLLM is shutting down; flushing the buffered tail",
                            ready_requests=len(self.state.ready),
                            wait_s=self.config.shutdown_flush_s)
+        self._core.apply_pending()
         seen = self._reader.read(self.state, scheduler_output, self._pool, time_s=self._clock())
         if seen is not None:
-            self._feed(seen)
+            self._core.feed(seen)
         elif self._reader.run_full:
-            self._report_passed()
+            self._core.report_passed()
         self._lookahead.stepped()
         self._narrator.end_of_step(self.state)
 
     def _finish(self, request_id: str) -> None:
         free = blocks.free_count(self._pool) if self._pool is not None else 0
-        self._feed(events.RequestFinished(req_id=request_id, free_blocks=free,
+        self._core.feed(events.RequestFinished(req_id=request_id, free_blocks=free,
                                    next_step_max_blocks=self._step_budget_blocks))
 
     def _arrive(self, request_id: str) -> None:
-        reused = request_id in self.state.requests
+        if request_id not in self.state.requests:  # nothing to end now: applied with the step
+            self._core.defer(events.RequestArrived(req_id=request_id))
+            return
         ended_before = self._commands.sessions_to_end
-        self._feed(events.RequestArrived(req_id=request_id))
-        if reused and request_id in self._commands.ends_sessions_since(ended_before):
+        self._core.feed(events.RequestArrived(req_id=request_id))
+        if request_id in self._commands.ends_sessions_since(ended_before):
             self._log.info("lazy offload: request id reused while its predecessor's teardown "
                            "was deferred; released the predecessor's session",
                            req_id=request_id)
 
     # -- the command loop -------------------------------------------------
-
-    def _feed(self, event: Event) -> None:
-        """Apply an observation and its command loop; the passed steps before
-        it first, so the core sees every step in the engine's order."""
-        if self._reader.passed:
-            self._report_passed()
-        self._applied(drive(self.state, event, self._commands.execute))
-
-    def _report_passed(self) -> None:
-        self._applied(drive(self.state, self._reader.take_passed(), self._commands.execute))
-
-    def _applied(self, applied: list[tuple[Event, Outcome]] | tuple[Any, ...], *,
-                 record: bool = True) -> None:
-        for _, outcome in applied:
-            self._commands.note(outcome)
-            self._narrator.note(outcome)
-        self._seq += len(applied)
-        if record and self._event_log is not None and applied:
-            try:
-                self._event_log.record(list(applied), self.state)
-            except Exception as error:  # the log's failure, not offload's: never drain-only
-                self._hook_failed("record", error)
 
     # -- failure: drain-only mode -----------------------------------------
 
@@ -480,12 +470,20 @@ class EventSourcedManager:
         event: Any = error.event if isinstance(error, StepFailed) else None
         reason = getattr(error, "reason", None) or f"{type(error).__name__}: {error}"
         try:
-            if isinstance(error, StepFailed | CommandFailed):
-                # These did apply: note them, and record them (a rejection's
-                # record_rejected records them before its REJECTED, once).
-                self._applied(error.applied, record=not isinstance(error, StepFailed))
-            if isinstance(error, StepFailed) and self._event_log is not None:
-                self._event_log.record_rejected(error.applied, event, error.reason, self.state)
+            # What applied before the failure is recorded first; the failed
+            # drive's events did apply too: note them, and record them (a
+            # rejection's record_rejected records them before its REJECTED).
+            core = self._core
+            if isinstance(error, StepFailed):
+                core.record()
+                core.noted(error.applied)
+                if core.event_log is not None:
+                    core.event_log.record_rejected(error.applied, event, error.reason,
+                                                   self.state)
+            else:
+                if isinstance(error, CommandFailed):
+                    core.applied(error.applied)
+                core.record()
         except Exception as secondary:
             self._log.error("lazy offload: could not record the failure",
                             reason=repr(secondary))
@@ -495,4 +493,7 @@ class EventSourcedManager:
             self.state, self._commands.submitted, self._commands.held, self._clock(), unexecuted)
         self._commands.execute_drained(commands)
         self._commands.stores.clear()
-        self._narrator.stopped(self._drain, seq=self._seq, event=event, reason=reason)
+        # Observed, never applied: drain-only takes no offer, and an arrival
+        # waits only for an id with nothing in flight (a reused one applies at once).
+        self._core.drop_pending()
+        self._narrator.stopped(self._drain, seq=self._core.seq, event=event, reason=reason)

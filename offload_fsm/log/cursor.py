@@ -5,17 +5,18 @@ engine's hand-off, the recorder, ``replay whatif``'s writer) keeps one
 :class:`LogCursor`, which owns the three numbers that decide the log's
 layout (``log.layout``): the next event's ``seq``, the open batch, and the
 ``seq`` at which the next digest is due. Two writers fed the same events
-therefore number them alike, close their batches after the same callbacks
+therefore number them alike, close their batches after the same record calls
 and take their digests at the same ``seq``: ``replay diff`` compares their
 logs record by record.
 
 Theory of operation
 -------------------
-* :meth:`LogCursor.add` numbers one callback's applied events into the open
-  batch (the writer keeps whatever it wants per callback: the event objects,
-  their packed bytes) and says whether the batch closes after them: at the
-  end of a step (``layout.STEP_TYPES``), once it holds ``limit_events``
-  events, or where a digest is due.
+* :meth:`LogCursor.add` numbers one record call's applied events (a
+  callback's, or the shell's half step's) into the open batch (the writer
+  keeps whatever it wants per call: the event objects, their packed bytes)
+  and says whether the batch closes after them: after a step among them
+  (``layout.STEP_TYPES``), once it holds ``limit_events`` events, or where a
+  digest is due.
 * :meth:`LogCursor.take` hands the open batch over (its first ``seq`` and
   its items) and opens the next one.
 * :meth:`LogCursor.digest_due` is asked when a batch closed, with the state
@@ -29,7 +30,7 @@ Theory of operation
 
 :func:`run_header` builds the header of every file a writer of a log
 starts. :class:`EventSink` is the contract the shell's manager records through:
-``record`` each callback's applied events, ``record_rejected`` a callback
+``record`` applied events (a callback's, or several in order), ``record_rejected`` a callback
 whose step failed, ``close`` at shutdown. None of its methods may raise
 because of the log or block on I/O.
 """
@@ -57,7 +58,7 @@ class EventSink(Protocol):
     """Where the shell's applied events go (see the module docstring)."""
 
     def record(self, applied: Sequence[tuple[Event, Outcome]], state: State) -> None:
-        """One callback's applied events (``offload_fsm.drive``'s result) and the state after."""
+        """Applied events in order (``offload_fsm.drive`` results) and the state after."""
 
     def record_rejected(self, applied: Sequence[tuple[Event, Outcome]], event: Event,
                         reason: str, state: State) -> None:
@@ -79,7 +80,7 @@ class LogCursor:
         if limit_events < 1:
             raise ValueError(f"limit_events={limit_events!r}: expected an integer >= 1")
         self.seq = first_seq  # the next event's
-        self.batch: list[Any] = []  # the writer's items of the open batch, one per callback
+        self.batch: list[Any] = []  # the writer's items of the open batch, one per record call
         self.batch_events = 0
         self.batch_seq = first_seq  # the open batch's first event
         self.digest_every = digest_every
@@ -87,15 +88,15 @@ class LogCursor:
         self.limit_events = limit_events
 
     def add(self, applied: Sequence[tuple[Any, Any]], item: Any) -> bool:
-        """Number one callback's ``applied`` (event, outcome) pairs into the
+        """Number one record call's ``applied`` (event, outcome) pairs into the
         open batch, kept there as ``item``; whether the batch closes now (a
         step ended, the batch is full, or a digest is due)."""
         self.batch.append(item)
         count = len(applied)
         self.seq += count
         self.batch_events += count
-        return (type(applied[0][0]) in STEP_TYPES or self.batch_events >= self.limit_events
-                or self.seq >= self.next_digest > 0)
+        return (self.batch_events >= self.limit_events or self.seq >= self.next_digest > 0
+                or any(type(event) in STEP_TYPES for event, _ in applied))
 
     def take(self) -> tuple[int, list[Any]]:
         """The open batch (its first ``seq``, its items); the next one opens at ``seq``."""

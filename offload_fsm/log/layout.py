@@ -6,8 +6,8 @@ their digests at the same ``seq`` and ``replay diff`` compares them record by
 record.
 
 * **Batches.** Events are numbered in the order they were applied; one INPUTS
-  record carries a batch of them. A batch closes at the end of the callback
-  that observed a ``StepScheduled`` or a ``StepsPassed`` (one scheduler step,
+  record carries a batch of them. A batch closes at the end of the record call
+  whose events hold a ``StepScheduled`` or a ``StepsPassed`` (one scheduler step,
   or one run of passed steps, per record), or once it holds
   :data:`BATCH_EVENTS` events (:data:`STEP_TYPES`; ``log.cursor.LogCursor.add``
   keeps the rule).
@@ -31,7 +31,7 @@ __all__ = ["BATCH_EVENTS", "DIGEST_EVENTS_PER_LIVE", "STEP_TYPES", "first_digest
 BATCH_EVENTS: Final[int] = 256
 DIGEST_EVENTS_PER_LIVE: Final[int] = 64
 STEP_TYPES: Final = frozenset((StepScheduled, StepsPassed))
-"""The events whose callback ends a batch (one scheduler step, or one run of passed steps)."""
+"""The events whose record call ends a batch (one scheduler step, or one run of passed steps)."""
 
 
 def first_digest_seq(digest_every: int) -> int:

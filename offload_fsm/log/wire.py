@@ -93,14 +93,14 @@ def _converter(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
         return lambda message: empty
     get = operator.attrgetter(*names)
     if len(names) == 1:
-        if enum_at:
-            return lambda message: (tag, getattr(message, names[0]).value)
+        if enum_at:  # ``_value_``: the member's own slot (``.value`` is a slow property)
+            return lambda message: (tag, getattr(message, names[0])._value_)
         return lambda message: (tag, get(message))
     if enum_at:
         def convert(message: Any) -> tuple[Any, ...]:
             values = list(get(message))
             for index in enum_at:
-                values[index] = values[index].value
+                values[index] = values[index]._value_
             return (tag, *values)
         return convert
     return lambda message: (tag, *get(message))

@@ -250,13 +250,45 @@ def test_a_rejected_answer_is_recorded_once_and_replays(
     assert result.ended_cleanly
 
 
+def test_a_rejection_among_a_steps_observations_records_what_applied_and_drops_the_rest(
+    tmp_path: Any,
+) -> None:
+    """The step's observations wait and apply where the step is read
+    (``connector.shell.feeding``). One rejected there: the ones before it are
+    applied and recorded once, then the REJECTED; the ones after it never
+    reach the closed core (drain-only needs no offer, and ends a session at
+    its finish), and the log replays to the same rejection."""
+    from replay.runner import replay
+
+    s = Shell(log_dir=str(tmp_path))
+    ids = s.offer("a")
+    s.mgr.add_store_candidate(LMCacheMPRequestMetadata(  # a gap: the core rejects it
+        request_id="a", direction="STORE",
+        op=LoadStoreOp(token_ids=list(range(8 * BLOCK)), block_ids=[ids],
+                       start=6 * BLOCK, end=8 * BLOCK)))
+    s.offer("b")  # after the rejected one: never applied
+    assert s.mgr.events_applied == 0  # all of it waits for the step
+    s.step()
+    assert s.mgr.draining and s.mgr.events_applied == 2  # a's arrival and first offer
+    assert "b" not in s.mgr.state.requests
+    s.finish("b")
+    assert "b" in s.ended
+    s.mgr.log_final_stats()
+    result = replay(str(tmp_path))
+    assert result.divergence is None and not result.lost and not result.damage
+    assert result.rejection is not None and result.rejection.reproduced
+    assert type(result.rejection.event).__name__ == "CandidateOffered"
+    assert result.rejection.event.start_token == 6 * BLOCK
+    assert result.ended_cleanly
+
+
 def test_a_failing_event_log_never_stops_offload(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The recorder's ``record`` raising is the log's failure, not the
     core's: one error line, and offload goes on (no drain-only mode)."""
     s = Shell(log_dir=str(tmp_path))
-    recorder = s.mgr._event_log
+    recorder = s.mgr.event_log
 
     def broken(applied: Any, state: Any) -> None:
         raise OSError("the log broke")

@@ -77,6 +77,7 @@ def test_source_sends_deltas_then_nothing() -> None:
     assert metrics.get_stats(source, None) is None  # nothing moved
     s.offer("a")
     s.offer("b")
+    s.step()  # a step's offers apply where the step is read
     stats = metrics.get_stats(source, None)
     assert stats is not None
     assert stats.counters["admitted_ops"] == 2
@@ -100,15 +101,17 @@ def test_a_call_after_no_event_reads_nothing_and_the_next_event_brings_all() -> 
     s = Shell(policy=Policy.EVICTION_AWARE, horizon_steps=2.0)
     source = metrics.StatsSource(s.mgr)
     s.offer("a")
+    s.step()  # applies the offer; nothing near the eviction head: the step passes
     source.collect()
     before = s.mgr.events_applied
-    s.step()  # nothing near the eviction head: the step passes
-    assert s.mgr.events_applied == before and len(s.mgr._reader.passed) == 1
+    s.step()  # passes too
+    assert s.mgr.events_applied == before and len(s.mgr._reader.passed) == 2
     s.mgr.state.counters[CoreCounter.EMPTY_STEPS] += 5  # not read: no event applied
     assert source.collect() == ({}, {})
-    s.offer("b")  # reports the passed step, then the offer
+    s.offer("b")
+    s.step()  # reports the passed step, then the offer; this step passes too
     counters, gauges = source.collect()
-    assert counters["admitted_ops"] == 1 and counters["token_steps"] == 1
+    assert counters["admitted_ops"] == 1 and counters["token_steps"] == 2
     assert counters["empty_steps"] == 5 and gauges["buffered_ops"] == 2
 
 
@@ -116,6 +119,7 @@ def test_oldest_buffered_age_counts_steps() -> None:
     s = Shell(threshold=100)
     source = metrics.StatsSource(s.mgr)
     s.offer("a")
+    s.step()  # applies the offer: its age counts from the stats call after it
     source.collect()
     for _ in range(3):
         s.step()

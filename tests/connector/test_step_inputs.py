@@ -46,14 +46,14 @@ def test_a_prefix_hit_is_no_reallocation_and_a_changed_hash_is() -> None:
                               world_size=1, group_tokens_per_block=[BLOCK])
     mgr.bind_block_pool(pool)
     steps: list[StepScheduled] = []
-    feed = mgr._feed
+    feed = mgr._core.feed
 
     def spy(event: Event) -> None:
         if isinstance(event, StepScheduled):
             steps.append(event)
         feed(event)
 
-    mgr._feed = spy  # type: ignore[method-assign]
+    mgr._core.feed = spy  # type: ignore[method-assign]
     blocks = pool.get_new_blocks(2)
     for n, block in enumerate(blocks):
         block.set_block_hash(_hash(n + 1))
@@ -63,6 +63,7 @@ def test_a_prefix_hit_is_no_reallocation_and_a_changed_hash_is() -> None:
         request_id="a", direction="STORE",
         op=LoadStoreOp(token_ids=list(range(2 * BLOCK)), block_ids=[ids], start=0,
                        end=2 * BLOCK)))
+    mgr._core.apply_pending()  # what the step applies first
     assert all(b in mgr.state.owners for b in ids)
 
     pool.touch(blocks)  # "b" hits "a"'s blocks in the prefix cache: same content
