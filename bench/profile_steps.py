@@ -17,12 +17,13 @@ each phase:
 * ``step``: ``StepScheduled`` (window read, reserve, the core's step), and
   inside it ``window read`` (every free-queue walk, cascade re-reads too),
   ``reserve``, ``reallocations``, ``allocated ids``, ``narrator``;
-* ``core``: every ``offload_fsm.drive`` call (inside ``offer``, ``step``, ...);
+* ``core``: every ``offload_fsm.drive`` call (``connector.shell.feeding``: inside ``step``,
+  ``finished``, ...);
 * ``commands``: executing the core's commands (pins, hash reads, stores);
 * ``fingerprints``, ``record`` (the event log's part on the scheduler thread:
-  ``connector.handoff.sender.Handoff.record``, numbering and packing each callback's
-  events and handing each step to the recorder process over ZeroMQ), and
-  inside it ``record pack`` (each callback's events to wire form and msgpack),
+  ``connector.handoff.sender.Handoff.record``, numbering and packing each record
+  call's events and handing each step to the recorder process over ZeroMQ), and
+  inside it ``record pack`` (each record call's events to wire form and msgpack),
   ``record service`` (the recorder's replies read, its process watched) and
   ``record send`` (the ZeroMQ send of a step's message);
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);

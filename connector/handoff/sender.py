@@ -82,7 +82,7 @@ class Handoff:
         self._release = release
         self.stats = HandoffStats()
         self.recorder_stats: dict[str, int] = {}  # the recorder's writer counters, last sent
-        # seq, the open batch (each callback's packed events) and the next digest
+        # seq, the open batch (each record call's packed events) and the next digest
         self._cursor = LogCursor(digest_every=digest_every)
         self._link: Link | None = None
         self._flight = InFlight()  # the link's bytes against the budget

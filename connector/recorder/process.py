@@ -22,7 +22,7 @@ Theory of operation
   recorder exits (:data:`EXIT_FAILED`): the engine warns once per cause and
   starts a recorder again with backoff. A log directory that is gone is
   made again.
-* STEP: each callback's events are folded and recorded with the engine's
+* STEP: each record call's events are folded and recorded with the engine's
   recorded outcomes, so the log says what the engine decided. When the fold
   decides otherwise, or its summary differs from the engine's (a state
   changed outside ``step``), one warning, no digest or snapshot from it, and

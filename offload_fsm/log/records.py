@@ -35,7 +35,8 @@ counts events; before, the records the writer dropped.
 
 Kind tags are never renumbered (append new ones). ``seq`` numbers events from
 0 without holes; an INPUTS record carries the events ``seq, seq + 1, ...``
-(one connector callback: an observation and the answers of its command loop),
+(a batch, ``log.layout``: observations in order, each followed by the answers
+of its command loop),
 which amortises the envelope and the 12 framing bytes. For non-event kinds
 ``seq`` is the number of events recorded before the record, except for
 REJECTED, the last word of a poisoned core: ``seq`` is the number the

@@ -202,7 +202,7 @@ def wire_check(value: OutcomeWire) -> int:
 
 def inputs_items(applied: Iterable[tuple[Event, Outcome]], full_outcomes: bool) -> list[Any]:
     """``applied`` as an INPUTS record holds it: ``[ev_1, check_1, ev_2, ...]``
-    (the engine's hand-off sends each callback so)."""
+    (the engine's hand-off sends each record call so)."""
     table = TO_WIRE
     items: list[Any] = []
     append = items.append
