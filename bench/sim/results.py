@@ -110,12 +110,14 @@ def row(r: ArmResult, eager: ArmResult | None) -> list[str]:
 
 
 VHEAD = ["arm", "recall", "chunk writes", "writes/eager writes", "writes/eager distinct",
-         "conn p50 / eager", "conn p99 / eager", "preempt", "preempt none"]
+         "step p50 / eager", "step p99 / eager", "conn p50 / eager", "conn p99 / eager",
+         "young GC per 1k steps (x eager)", "preempt", "preempt none"]
 
 
 def versus_row(r: ArmResult, eager: ArmResult | None, none: ArmResult | None) -> list[str]:
     """Recall and writes next to eager's: writes ÷ eager's chunk writes and ÷ eager's
-    distinct chunks (the chunks eager stored at least once), connector p50/p99 ÷ eager's."""
+    distinct chunks (the chunks eager stored at least once); step and connector p50/p99 ÷
+    eager's; the cyclic GC's young collections per 1,000 steps (÷ eager's)."""
     recall = r.recalled / r.needed if r.needed else float("nan")
     nan = float("nan")
 
@@ -126,8 +128,14 @@ def versus_row(r: ArmResult, eager: ArmResult | None, none: ArmResult | None) ->
     wd = ratio(r.chunk_writes, eager.written_keys) if eager else nan
     p50 = ratio(percentile(r.conn_ms, 0.5), percentile(eager.conn_ms, 0.5)) if eager else nan
     p99 = ratio(percentile(r.conn_ms, 0.99), percentile(eager.conn_ms, 0.99)) if eager else nan
+    step50 = ratio(percentile(r.sched_ms, 0.5), percentile(eager.sched_ms, 0.5)) if eager else nan
+    step99 = ratio(percentile(r.sched_ms, 0.99), percentile(eager.sched_ms, 0.99)) \
+        if eager else nan
+    young = ratio(1000 * r.gc_collections[0], r.steps)
+    young_eager = ratio(1000 * eager.gc_collections[0], eager.steps) if eager else nan
     return [r.arm, f"{fmt(recall)} ({r.recalled}/{r.needed})", str(r.chunk_writes),
-            fmt(we, 2), fmt(wd, 2), fmt(p50, 2), fmt(p99, 2), str(r.preemptions),
+            fmt(we, 2), fmt(wd, 2), fmt(step50, 2), fmt(step99, 2), fmt(p50, 2), fmt(p99, 2),
+            f"{fmt(young, 1)} ({fmt(ratio(young, young_eager), 2)})", str(r.preemptions),
             str(none.preemptions) if none else "-"]
 
 
