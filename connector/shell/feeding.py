@@ -13,7 +13,9 @@ before the step is read (arrivals, the step's offers) waits
 (:meth:`CoreFeed.defer`) and is applied in order where the step is read
 (:meth:`CoreFeed.apply_pending`), with the passed steps before it: none of
 them needs a command before then, and no hook between reads what they
-change (the manager applies them first where one does). What needs the
+change (a lookup reads the core's buffered blocks and pins, which an
+arrival leaves alone, and asks :meth:`CoreFeed.arriving` for its request;
+an event it feeds applies what waits first). What needs the
 core's answer now (a finish, whose shield pins before vLLM frees the
 blocks; receipts; an arrival whose id is reused) is applied at once
 (:meth:`CoreFeed.feed`, pending ones first). The applied pairs wait in
