@@ -154,8 +154,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         """Lazy: LMCache's bookkeeping of newly scheduled requests, and their
         whole new chunks offered to the manager; no store metadata is built
         (``connector.shell.candidates``). Eager: LMCache's own."""
-        manager = self._lazy_offload_manager if self._lazy_candidates else None
-        if not isinstance(manager, EventSourcedManager):
+        manager = self._candidate_manager()
+        if manager is None:
             super()._process_new_requests(scheduler_output, metadata)
             return
         scheduled = scheduler_output.num_scheduled_tokens
@@ -169,8 +169,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         """Lazy: LMCache's bookkeeping of running requests (block ids appended
         as LMCache appends them, scheduled tokens), and their whole new chunks
         offered; no store metadata is built. Eager: LMCache's own."""
-        manager = self._lazy_offload_manager if self._lazy_candidates else None
-        if not isinstance(manager, EventSourcedManager):
+        manager = self._candidate_manager()
+        if manager is None:
             super()._process_cached_requests(scheduler_output, metadata)
             return
         cached = scheduler_output.scheduled_cached_reqs
@@ -184,6 +184,11 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
                 tracker.append_block_ids(new_block_ids, relocation)
             tracker.increase_num_scheduled_tokens(scheduled[request_id])
             self._offer_new_chunks(manager, tracker)
+
+    def _candidate_manager(self) -> EventSourcedManager | None:
+        """Ours when the lazy store-candidate path is on; None: LMCache's own path."""
+        manager = self._lazy_offload_manager if self._lazy_candidates else None
+        return manager if isinstance(manager, EventSourcedManager) else None
 
     def _offer_new_chunks(self, manager: EventSourcedManager, tracker: Any) -> None:
         """Offer the request's whole chunks computed since its last offer

@@ -1,6 +1,6 @@
 """``bench.profile_steps`` times phases by wrapping named methods: each must
 exist, so a module or method renamed fails here rather than in the middle of a
-profile run (it did once, after the connector's packages moved)."""
+profile run."""
 
 from __future__ import annotations
 
