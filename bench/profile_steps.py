@@ -203,6 +203,7 @@ def phases() -> list[tuple[Any, str, str]]:
         (sender.Handoff, "record", "record"),
         (sender.Handoff, "_pack", "record pack"),
         (sender.Handoff, "_service", "record service"),
+        (sender.Handoff, "io_turn", "record I/O (its thread)"),
         (supervisor.RecorderLink, "send", "record send"),
         (Connector, "get_num_new_matched_tokens", "lookup"),
         (mgr, "on_lookup_result", "lookup_feedback"),

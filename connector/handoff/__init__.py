@@ -19,15 +19,20 @@ Contract towards the caller (vLLM's scheduler thread)
 * It never blocks on the recorder and never raises because of the log: a
   failure of this code itself is an outage too (counted, one warning per
   kind of error), so the log can never stop offload.
-  Messages are handed to ZeroMQ with ``zmq.NOBLOCK`` over ``ipc://`` (its
-  I/O thread moves them without the engine thread's GIL), several steps'
-  together as one *frame*: every ``flush_every_s`` (10 ms) or
-  ``sender.COALESCE_BYTES``, and at once for START, REJECT and END. A daemon
-  thread hands over a frame left open longer than ``flush_every_s`` (an
-  engine gone idle after a step), so an engine killed outright loses at most
-  that much more. That thread and the scheduler thread share one lock; the
-  thread takes it only when it is free and holds it for one non-blocking
-  send, which is all the scheduler thread can ever wait for.
+  The scheduler thread appends each batch to the open *frame* and does no
+  I/O for it. The hand-off's own I/O thread, every ``flush_every_s``
+  (10 ms), hands the open frame to ZeroMQ (``zmq.NOBLOCK`` over ``ipc://``:
+  several steps as one message), reads the recorder's replies and watches
+  its process (``Handoff.io_turn``); it runs while the scheduler thread
+  waits for the model, so the step pays no system call and no ZeroMQ
+  wake-up for the log. The scheduler thread hands a frame over itself only
+  at ``sender.COALESCE_BYTES`` and at once for START, REJECT and END, and
+  does what needs the engine's state: a dead recorder's restart and the
+  START that ends an outage. An engine killed outright loses at most
+  ``flush_every_s`` of events more. The two threads share one lock; the
+  I/O thread takes it only when it is free and holds it for one turn
+  (non-blocking calls only), which is all the scheduler thread can ever
+  wait for.
 * Bounded in bytes, bookkeeping included: what this side holds for the log
   (the messages' bytes not yet acknowledged by the recorder, wherever they
   are: the open frame, ZeroMQ's queues on either side, the socket between,

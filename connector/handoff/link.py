@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-__all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "InFlight", "Link", "growth"]
+__all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "InFlight", "Link", "growth", "io_loop"]
 
 # What one frame's bookkeeping is charged against the budget: the hand-off's
 # entry for it (a tuple of two ints in a deque: about 130 bytes) and
@@ -160,14 +160,14 @@ def exit_cause(code: int) -> tuple[str, str]:
     return f"exit {code}", f"the recorder process exited (code {code})"
 
 
-def flush_when_idle(ref: weakref.ref[Any], period_s: float) -> None:
-    """The idle flush thread's loop over a hand-off (``Handoff.flush_if_idle``);
-    it ends with its hand-off (closed, or gone)."""
+def io_loop(ref: weakref.ref[Any], period_s: float) -> None:
+    """The I/O thread's loop over a hand-off (``Handoff.io_turn``); it ends
+    with its hand-off (closed, or gone)."""
     period_s = max(period_s, 0.001)
     while True:
         time.sleep(period_s)
         handoff = ref()
         if handoff is None or handoff._closed:
             return
-        handoff.flush_if_idle()
+        handoff.io_turn()
         del handoff

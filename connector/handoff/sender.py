@@ -20,8 +20,8 @@ from connector.handoff.link import (
     InFlight,
     Link,
     exit_cause,
-    flush_when_idle,
     growth,
+    io_loop,
 )
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from offload_fsm.log import snapshot
@@ -43,7 +43,9 @@ _MIB = 1024 * 1024
 class Handoff:
     """See the module docstring. ``launch`` starts a recorder and returns its
     link (it raises when it cannot); ``clock`` is monotonic seconds;
-    ``idle_flush`` starts the thread that hands over a frame left open."""
+    ``io_thread`` starts the hand-off's I/O thread (:meth:`io_turn`); without it
+    (tests) the scheduler thread does that I/O at a batch boundary every
+    ``flush_every_s``."""
 
     def __init__(
         self,
@@ -60,7 +62,7 @@ class Handoff:
         backoff_s: tuple[float, float] = (1.0, 60.0),
         end_wait_s: float = 2.0,
         register_atexit: bool = True,
-        idle_flush: bool = True,
+        io_thread: bool = True,
         release: Callable[[], None] | None = None,
     ) -> None:
         if budget_bytes < 1:
@@ -74,6 +76,7 @@ class Handoff:
         self._liveness_every_s = liveness_every_s
         self._flush_every_s = flush_every_s
         self._next_flush = 0.0
+        self._io_thread = io_thread
         self._restart = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
         self._resync_backoff = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
         self._snapshot_backoff = Backoff(min_s=backoff_s[0], max_s=backoff_s[1])
@@ -86,7 +89,6 @@ class Handoff:
         self._cursor = LogCursor(digest_every=digest_every)
         self._link: Link | None = None
         self._flight = InFlight()  # the link's bytes against the budget
-        self._last_flush = 0.0
         self._start_at: int | None = None  # the byte total that acknowledges a START
         self._lost_from: int | None = None  # in an outage since this seq
         self._resync = False
@@ -109,9 +111,9 @@ class Handoff:
                 self._outage(0, "the recorder did not take its start")
         if register_atexit:
             atexit.register(self.wait_for_end)
-        if idle_flush:
-            threading.Thread(target=flush_when_idle, args=(weakref.ref(self), flush_every_s),
-                             name="lazy-offload-handoff-flush", daemon=True).start()
+        if io_thread:
+            threading.Thread(target=io_loop, args=(weakref.ref(self), flush_every_s),
+                             name="lazy-offload-handoff-io", daemon=True).start()
 
     @property
     def recorder_up(self) -> bool:
@@ -250,18 +252,22 @@ class Handoff:
             release()
         return ended
 
-    # -- the idle flush (its own thread) ---------------------------------------
+    # -- the I/O thread ------------------------------------------------------
 
-    def flush_if_idle(self) -> None:
-        """Hand over a frame left open for ``flush_every_s`` or more; never
-        waits for the scheduler thread (it skips a turn instead)."""
-        if self._flight.open_first is None or not self._lock.acquire(blocking=False):
+    def io_turn(self) -> None:
+        """The I/O thread's turn, every ``flush_every_s``: hand the open frame
+        to ZeroMQ, read the recorder's replies, watch its process
+        (:meth:`_watch`). It runs while the scheduler thread waits for the
+        model (the GIL free), never waits for the scheduler thread (it skips
+        a turn while the lock is held) and leaves to it only what needs the
+        engine's state: a restart's or an outage's START (:meth:`_recover`)."""
+        if self._closed or not self._lock.acquire(blocking=False):
             return
         try:
             link = self._link
-            if (link is not None and self._flight.open_first is not None
-                    and self._clock() - self._last_flush >= self._flush_every_s):
+            if link is not None and not self._closed:
                 self._flush(link)
+                self._watch(link, self._clock())
         finally:
             self._lock.release()
 
@@ -288,13 +294,14 @@ class Handoff:
         ``service`` (``state`` is the state after the batch), the link is
         looked after: a START that ends an outage holds the batch's events
         in its snapshot, and the batch is not sent; a resync's START follows
-        the batch."""
+        the batch. With the I/O thread, the frame goes to ZeroMQ on its next
+        turn; the scheduler thread only appends to it."""
         now = self._clock()
         due = now >= self._next_flush
         if due:
             self._next_flush = now + self._flush_every_s
             if service:
-                self._service(state)
+                self._recover(now, state) if self._io_thread else self._service(state)
         if not self._cursor.batch:
             return
         first, batch = self._cursor.take()
@@ -303,7 +310,7 @@ class Handoff:
                             pack_array_header(len(batch)), *batch))
         self._hand(message, first)
         link = self._link
-        if due and link is not None:
+        if due and link is not None and not self._io_thread:
             self._flush(link)
         if service and self._resync and link is not None and self._lost_from is None:
             self._resume(link, state)
@@ -345,7 +352,6 @@ class Handoff:
         first = self._flight.open_first
         if first is None:
             return
-        self._last_flush = self._clock()
         handed = link.flush()
         self._flight.flushed_frame(handed)
         if handed:
@@ -353,24 +359,32 @@ class Handoff:
         self._note_held()
         self._outage(first, "the recorder's socket refused a message")
 
-    def _service(self, state: State) -> Link | None:
-        """Read the recorder's replies, watch its process, restart it when
-        due, and end an outage when it can; returns the live link, if any."""
+    def _service(self, state: State) -> None:
+        """:meth:`_watch` and :meth:`_recover`, on the scheduler thread."""
         link = self._link
         now = self._clock()
         if link is not None:
-            self._take_replies(link)
-            if now >= self._next_liveness:
-                self._next_liveness = now + self._liveness_every_s
-                code = link.exit_code()
-                if code is not None:
-                    self._died(link, code, now)
-                    link = None
+            self._watch(link, now)
+        self._recover(now, state)
+
+    def _watch(self, link: Link, now: float) -> None:
+        """Read the recorder's replies, and every ``liveness_every_s`` see
+        whether its process is still there."""
+        self._take_replies(link)
+        if now >= self._next_liveness:
+            self._next_liveness = now + self._liveness_every_s
+            code = link.exit_code()
+            if code is not None:
+                self._died(link, code, now)
+
+    def _recover(self, now: float, state: State) -> None:
+        """What needs ``state``, on the scheduler thread: restart a dead
+        recorder when due, and end an outage when it can."""
+        link = self._link
         if link is None and now >= self._restart.due_at and not self._closed:
             link = self._try_launch(now, first=False)
         if link is not None and self._lost_from is not None:
             self._resume(link, state)
-        return link
 
     def _take_replies(self, link: Link) -> None:
         for reply in link.replies():

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import pytest
 
-from connector.handoff.link import flush_when_idle as module_flush_when_idle
+from connector.handoff.link import io_loop
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from connector.handoff.sender import Handoff
 from offload_fsm import drive, new_state
@@ -83,7 +83,7 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
     return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
                    wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
                    flush_every_s=0.0, end_wait_s=0.05, register_atexit=False,
-                   idle_flush=False)
+                   io_thread=False)
 
 
 def _events(messages: list[Any]) -> int:
@@ -274,7 +274,7 @@ def _piped(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> tuple[Handoff, Pi
             "digest_every": 50}
     link = PipedLink(lambda reply: Recorder(spec, lambda message: reply(unpackb(message))))
     handoff = Handoff(lambda: link, budget_bytes=1 << 26, digest_every=50, flush_every_s=0.0,
-                      warn=lambda message: None, register_atexit=False, idle_flush=False)
+                      warn=lambda message: None, register_atexit=False, io_thread=False)
     return handoff, link
 
 
@@ -369,12 +369,48 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     link = Counting()
     clock = Clock()
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
-                      flush_every_s=0.01, register_atexit=False, idle_flush=False)
+                      flush_every_s=0.01, register_atexit=False, io_thread=False)
     world = run_workload(requests=20, seed=1, sink=handoff.record)
     steps = len([m for m in link.messages if m[0] == Message.STEP])
     assert steps >= 10 and flushes[0] <= 2  # the clock never moved: the start and one more
     handoff.close(world.state)
     assert flushes[0] <= 3 and link.messages[-1][0] == Message.END
+
+
+def test_with_its_io_thread_the_scheduler_thread_makes_no_zeromq_call() -> None:
+    """The I/O thread on: steps past ``flush_every_s`` only append to the
+    open frame on the scheduler thread (no flush, no reply read); the
+    thread's turn hands the frame over and reads the replies."""
+    calls = {"flush": 0, "replies": 0}
+
+    class Counting(FakeLink):
+        def flush(self) -> bool:
+            calls["flush"] += 1
+            return super().flush()
+
+        def replies(self) -> list[Any]:
+            calls["replies"] += 1
+            return super().replies()
+
+    link = Counting()
+    clock = Clock()
+    # The thread's first turn is an hour away: this test takes its turns.
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
+                      flush_every_s=3600.0, register_atexit=False)
+    handoff._flush_every_s = 0.01
+    started = dict(calls)  # the START's flush
+
+    def paced(applied: Any, state: Any) -> None:
+        clock.now += 0.02  # every step is due
+        handoff.record(applied, state)
+
+    world = run_workload(requests=20, seed=2, sink=paced)
+    assert calls == started and handoff._flight.open_first is not None
+    handoff.io_turn()
+    assert calls["flush"] == started["flush"] + 1 and calls["replies"] > started["replies"]
+    assert handoff._flight.open_first is None
+    handoff.close(world.state)
+    assert link.messages[-1][0] == Message.END
 
 
 # --------------------------------------------------------------------------
@@ -431,7 +467,7 @@ def test_a_recorder_that_dies_on_every_start_is_not_a_storm(
 
     handoff = Handoff(launch, budget_bytes=1 << 30, warn=warnings.append, clock=clock,
                       wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 60.0),
-                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+                      flush_every_s=0.0, register_atexit=False, io_thread=False)
     _simulated(handoff, clock, minutes=5)
     # Deaths at about 0, 1, 3, 7, 15, 31, 63, 123, 183, 243 s: ten starts.
     assert len(links) <= 11, len(links)
@@ -461,7 +497,7 @@ def test_a_persistent_resync_is_answered_with_backoff() -> None:
     link.pending.append((Reply.RESYNC,))
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None, clock=clock,
                       wall_clock=lambda: 0.0, liveness_every_s=0.5, backoff_s=(1.0, 60.0),
-                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+                      flush_every_s=0.0, register_atexit=False, io_thread=False)
     _simulated(handoff, clock, minutes=5)
     starts = [m for m in link.messages if m[0] == Message.START and m[4] is not None]
     assert 5 <= len(starts) <= 11, len(starts)
@@ -499,7 +535,7 @@ def test_a_snapshot_larger_than_the_budget_warns_once_with_the_key_and_backs_off
     handoff = Handoff(lambda: links.pop(0), budget_bytes=2048, warn=warnings.append,
                       clock=clock, wall_clock=lambda: 0.0, liveness_every_s=0.0,
                       backoff_s=(1.0, 60.0), flush_every_s=0.0, register_atexit=False,
-                      idle_flush=False)
+                      io_thread=False)
     first.code = -9
     packs[0] = 0
     _simulated(handoff, clock, minutes=5, state=busy[0], each=second.ack)
@@ -529,7 +565,7 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
 
     link = Watched()
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
-                      flush_every_s=3600.0, register_atexit=False, idle_flush=False)
+                      flush_every_s=3600.0, register_atexit=False, io_thread=False)
     assert link.flushes == 1  # the START
     state = new_state(default_config(), world_size=2)
     step = StepScheduled(scheduled_tokens=0, allocated_blocks=0, next_step_blocks=0,
@@ -540,7 +576,7 @@ def test_a_frame_left_open_by_an_engine_gone_idle_is_handed_over() -> None:
     handoff.record(drive(state, step, lambda c: None), state)  # within the hour: held
     assert link.flushes == 2 and handoff._flight.open_first is not None
     handoff._flush_every_s = 0.01  # the engine is idle from here on
-    threading.Thread(target=module_flush_when_idle, args=(weakref.ref(handoff), 0.01),
+    threading.Thread(target=io_loop, args=(weakref.ref(handoff), 0.01),
                      daemon=True).start()
     assert flushed.wait(10.0), "the idle engine's last step was never handed over"
     assert handoff._flight.frames and handoff._flight.open_first is None
@@ -625,7 +661,7 @@ def _handed_over(requests: int) -> tuple[list[bytes], Any]:
 
     link.send = keep  # type: ignore[method-assign]
     handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
-                      flush_every_s=0.0, register_atexit=False, idle_flush=False)
+                      flush_every_s=0.0, register_atexit=False, io_thread=False)
     world = run_workload(requests=requests, seed=3, sink=handoff.record)
     handoff.close(world.state)
     return sent, world

@@ -177,10 +177,11 @@ def acknowledged(h: Handoff, timeout_s: float = 60.0) -> None:
     of it (a recorder on a loaded box may still be starting)."""
     link = h._link
     assert link is not None
-    link.flush()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        h._take_replies(link)
+        with h._lock:  # the socket is the I/O thread's too
+            h._flush(link)
+            h._take_replies(link)
         if h.stats.bytes_in_flight == 0:
             return
         time.sleep(0.01)
@@ -351,7 +352,7 @@ def test_a_stopped_recorder_and_tiny_steps_hold_no_more_than_the_budget(
     warnings: list[str] = []
     h = Handoff(launcher(spec(tmp_path, budget)), budget_bytes=budget, warn=warnings.append,
                 flush_every_s=0.0, end_wait_s=END_WAIT_S, register_atexit=False,
-                idle_flush=False)
+                io_thread=False)
     acknowledged(h)
     link: Any = h._link
     state = new_state(default_config(), world_size=2)
@@ -454,15 +455,15 @@ def test_a_log_directory_that_cannot_be_written_is_one_warning_with_the_fix(
     shutil.rmtree(logs)
     logs.write_bytes(b"not a directory")
     codes: list[int | None] = []
+    died = h._died
+
+    def noted(link: Any, code: int, now: float) -> None:  # on whichever thread saw it
+        codes.append(code)
+        died(link, code, now)
+
+    h._died = noted  # type: ignore[method-assign]
     _kill(h)
-
-    def sink(applied: Any, state: Any) -> None:
-        link: Any = h._link
-        h.record(applied, state)
-        if link is not None and h._link is None:
-            codes.append(link.exit_code())
-
-    world = _run_until(h, lambda: h.stats.recorder_restarts >= 3, seed=16, sink=sink)
+    world = _run_until(h, lambda: h.stats.recorder_restarts >= 3, seed=16, sink=h.record)
     h.close(world.state)
     cannot = [w for w in warnings if "cannot be written" in w]
     assert len(cannot) == 1, warnings
