@@ -55,7 +55,11 @@ the allocation that crossed the young generation's threshold. The thread
 says who paid. The package is only where allocating happened at that
 moment, not who made the collection due: CPython counts allocations minus
 frees of GC objects, so an object freed soon after it is made adds nothing,
-and what brings collections on is objects kept.
+and what brings collections on is objects kept. So, per arm, what each
+phase left allocated: the young generation's count after each call less
+before it (GC-tracked allocations less frees; calls a collection fell in
+left out), per 1,000 steps, beside the whole step's: the phases that keep
+objects, as far as a free lands in the phase that made the object.
 
 And the mean over every step, which compares arms whose steps rank differently.
 
@@ -112,6 +116,11 @@ _RUN_LOGS: dict[tuple[str, int], tuple[str, str]] = {}  # run -> (its log's dire
 _SPECS: dict[Any, dict[str, Any]] = {}
 _UNTIMED_STEP: list[Any] = [None]  # offload_fsm.machine.step itself
 _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)
+# per arm and phase: the young generation's count moved by the phase's calls
+# (allocations less frees of GC-tracked objects) in the calls no collection
+# fell in, and those calls; WHOLE_STEP is the simulated step
+_NET: dict[str, dict[str, list[int]]] = {}
+WHOLE_STEP = "whole simulated step"
 
 
 def _wrap(owner: Any, name: str, phase: str) -> None:
@@ -120,14 +129,23 @@ def _wrap(owner: Any, name: str, phase: str) -> None:
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
         _INSIDE[0] += 1
+        young, paused = gc.get_count()[0], _PAUSED_S[0]
         started = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
             _PHASES[phase] += time.perf_counter() - started
             _INSIDE[0] -= 1
+            if _PAUSED_S[0] == paused:
+                _net(phase, gc.get_count()[0] - young)
 
     setattr(owner, name, timed)
+
+
+def _net(phase: str, moved: int) -> None:
+    net = _NET.setdefault(_SERVING[0][0], {}).setdefault(phase, [0, 0])
+    net[0] += moved
+    net[1] += 1
 
 
 def _time_collections() -> None:
@@ -255,7 +273,10 @@ def _install() -> tuple[dict[str, list[tuple[float, dict[str, float], int]]],
         _SERVING[0] = (self.arm.name, self._profile_run)  # the core's events until the next
         _PHASES.clear()
         _PAUSES.clear()
+        young, paused = gc.get_count()[0], _PAUSED_S[0]
         one_step(self, step)
+        if _PAUSED_S[0] == paused:
+            _net(WHOLE_STEP, gc.get_count()[0] - young)
         pauses.setdefault(self.arm.name, []).extend(_PAUSES)
         if self.arm.kind != "none":  # the arms with a connector
             steps.setdefault(self.arm.name, []).append(
@@ -335,6 +356,20 @@ def _report_collections(pauses: dict[str, list[tuple[int, float, str, str]]]) ->
         cells = sorted(by.items(), key=lambda kv: -len(kv[1]))
         print(f"| {arm} | " + "; ".join(f"{t} / {p}: {len(ms)}, {sum(ms):.0f}"
                                          for (t, p), ms in cells) + " |")
+
+
+def _report_net() -> None:
+    """Per arm, what each phase left in the young generation (module docstring)."""
+    print("\n## GC-tracked objects each phase left allocated (allocations less frees), per "
+          "1,000 steps; calls no collection fell in; phases inclusive; a free counts "
+          "where it happens")
+    for arm, phases in _NET.items():
+        steps = phases.get(WHOLE_STEP, [0, 0])[1]
+        if not steps:
+            continue
+        print(f"### {arm}: {steps} steps")
+        for phase, (moved, calls) in sorted(phases.items(), key=lambda kv: -abs(kv[1][0])):
+            print(f"  {phase:28s} {moved * 1000 / steps:8.0f}   ({calls} calls)")
 
 
 def _report_same_step(by_arm: dict[str, list[tuple[float, dict[str, float], int]]]) -> None:
@@ -434,6 +469,7 @@ def main() -> int:
     by_arm, pauses = _install()
     status = simulate.main(sys.argv[1:])
     _report_collections(pauses)
+    _report_net()
     print("\n## where the connector's time goes (bench.profile_steps; phases inclusive)")
     for arm, steps in by_arm.items():
         print(f"### {arm}")

@@ -4,6 +4,10 @@ profile run."""
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from testkit.env import require_stack
 
 require_stack()
@@ -17,3 +21,40 @@ def test_every_phase_names_a_callable_that_exists() -> None:
     assert not missing, f"bench.profile_steps times what no longer exists: {missing}"
     names = [phase for _, _, phase in phases()]
     assert len(names) == len(set(names)), "two methods timed as one phase"
+
+
+def test_a_wrapped_phase_reports_the_objects_it_left_allocated(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A phase that keeps 50 GC-tracked objects shows 50 per call in the
+    allocation table, per 1,000 whole steps; the whole step is its own row
+    and no phase shares its name."""
+    from bench import profile_steps
+
+    kept: list[list[int]] = []
+
+    class Owner:
+        @staticmethod
+        def keep() -> None:
+            for i in range(50):
+                kept.append([i])
+
+    saved = dict(profile_steps._NET), profile_steps._SERVING[0]
+    profile_steps._NET.clear()
+    profile_steps._SERVING[0] = ("arm", 0)
+    gc.disable()  # no collection between a call's two counts (the profile leaves those out)
+    try:
+        profile_steps._wrap(Owner, "keep", "keeping")
+        for _ in range(4):
+            Owner.keep()
+            profile_steps._net(profile_steps.WHOLE_STEP, 0)
+        profile_steps._report_net()
+    finally:
+        gc.enable()
+        profile_steps._NET.clear()
+        profile_steps._NET.update(saved[0])
+        profile_steps._SERVING[0] = saved[1]
+    rows = {line.split("   (")[0].rsplit(maxsplit=1)[0].strip():
+            line.split("   (")[0].rsplit(maxsplit=1)[1]
+            for line in capsys.readouterr().out.splitlines() if "calls)" in line}
+    assert rows == {"keeping": "50000", profile_steps.WHOLE_STEP: "0"}, rows
+    assert profile_steps.WHOLE_STEP not in {phase for _, _, phase in phases()}
