@@ -56,10 +56,12 @@ says who paid. The package is only where allocating happened at that
 moment, not who made the collection due: CPython counts allocations minus
 frees of GC objects, so an object freed soon after it is made adds nothing,
 and what brings collections on is objects kept. So, per arm, what each
-phase left allocated: the young generation's count after each call less
-before it (GC-tracked allocations less frees; calls a collection fell in
-left out), per 1,000 steps, beside the whole step's: the phases that keep
-objects, as far as a free lands in the phase that made the object.
+phase added to the young generation's count, CPython's trigger for a young
+collection (GC-tracked allocations less frees; a free is not counted while
+the count is 0, just after a collection), after each call less before it
+(calls a collection fell in left out), per 1,000 steps, beside the whole
+step's: the phases that bring collections on, as far as a free lands in
+the phase that made the object.
 
 And the mean over every step, which compares arms whose steps rank differently.
 
@@ -360,9 +362,9 @@ def _report_collections(pauses: dict[str, list[tuple[int, float, str, str]]]) ->
 
 def _report_net() -> None:
     """Per arm, what each phase left in the young generation (module docstring)."""
-    print("\n## GC-tracked objects each phase left allocated (allocations less frees), per "
-          "1,000 steps; calls no collection fell in; phases inclusive; a free counts "
-          "where it happens")
+    print("\n## what each phase added to the young generation's count (GC-tracked "
+          "allocations less frees), per 1,000 steps; calls no collection fell in; phases "
+          "inclusive; a free counts where it happens")
     for arm, phases in _NET.items():
         steps = phases.get(WHOLE_STEP, [0, 0])[1]
         if not steps:
