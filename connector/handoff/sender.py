@@ -300,8 +300,10 @@ class Handoff:
         due = now >= self._next_flush
         if due:
             self._next_flush = now + self._flush_every_s
-            if service:
-                self._recover(now, state) if self._io_thread else self._service(state)
+            if service and self._io_thread:
+                self._recover(now, state)
+            elif service:
+                self._service(state)
         if not self._cursor.batch:
             return
         first, batch = self._cursor.take()
