@@ -26,7 +26,7 @@ from connector.handoff.link import (
 from connector.handoff.messages import PROTOCOL, Message, Reply, state_summary
 from offload_fsm.log import snapshot
 from offload_fsm.log.cursor import LogCursor
-from offload_fsm.log.wire import TO_WIRE, outcome_check, outcome_wire, pack_array_header, packb
+from offload_fsm.log.wire import TO_WIRE, inputs_items, pack_array_header, packb
 from offload_fsm.state import State
 from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB, PREFIX
 from offload_fsm.vocabulary.events import Event
@@ -256,11 +256,9 @@ class Handoff:
 
     def io_turn(self) -> None:
         """The I/O thread's turn, every ``flush_every_s``: hand the open frame
-        to ZeroMQ, read the recorder's replies, watch its process
-        (:meth:`_watch`). It runs while the scheduler thread waits for the
-        model (the GIL free), never waits for the scheduler thread (it skips
-        a turn while the lock is held) and leaves to it only what needs the
-        engine's state: a restart's or an outage's START (:meth:`_recover`)."""
+        to ZeroMQ and :meth:`_watch`. It skips a turn while the scheduler
+        thread holds the lock, and leaves it what needs the engine's state:
+        a restart's or an outage's START (:meth:`_recover`)."""
         if self._closed or not self._lock.acquire(blocking=False):
             return
         try:
@@ -274,19 +272,8 @@ class Handoff:
     # -- internals -----------------------------------------------------------
 
     def _pack(self, applied: Sequence[tuple[Event, Outcome]]) -> bytes:
-        table = TO_WIRE
-        items: list[Any] = []
-        append = items.append
-        if self._full:
-            for event, outcome in applied:
-                append(table[type(event)](event))
-                append(outcome_wire(outcome))
-        else:
-            check = outcome_check
-            for event, outcome in applied:
-                append(table[type(event)](event))
-                append(check(outcome))
-        return packb(items)
+        """One record call's pairs as an INPUTS record holds them, packed."""
+        return packb(inputs_items(applied, self._full))
 
     def _send_batch(self, summary: Any, state: State, *, service: bool = True) -> None:
         """The open batch as one STEP message ``(STEP, seq, wall_s, summary,
