@@ -117,8 +117,8 @@ class Handoff:
 
     @property
     def recorder_up(self) -> bool:
-        """Whether a recorder is running and the log in step with the engine."""
-        return self._link is not None and self._lost_from is None
+        """Whether a recorder took its START in and the log is in step with the engine."""
+        return self._link is not None and self._lost_from is None and self._start_at is None
 
     @property
     def events_lost(self) -> int:

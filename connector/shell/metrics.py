@@ -166,8 +166,8 @@ GAUGES: Final[dict[str, str]] = {
                                    "taken in, with their bookkeeping (bounded by "
                                    "lazy_offload_log_budget_mib).",
     "log_recorder_restarts": "Times the recorder process was started again after it died.",
-    "log_recorder_up": "1 while the recorder process runs and the log is in step with the "
-                       "engine, else 0.",
+    "log_recorder_up": "1 once the recorder process took its start in (it writes this run's "
+                       "log) while the log is in step with the engine, else 0.",
     "log_pub_bind_failed": "1 when the live stream's endpoint could not be bound.",
     "draining": "1 when lazy offload stopped after a failure and only drains what LMCache "
                 "holds (drain-only mode), else 0.",

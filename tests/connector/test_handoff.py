@@ -377,6 +377,22 @@ def test_steps_are_handed_to_zeromq_together_at_the_flush_pace() -> None:
     assert flushes[0] <= 3 and link.messages[-1][0] == Message.END
 
 
+def test_the_recorder_is_up_once_it_acknowledged_its_start() -> None:
+    """``recorder_up`` (the ``log_recorder_up`` gauge) says a recorder took
+    its START in: a recorder process still starting, whose START waits in
+    the socket, writes no log yet (an engine killed now leaves none)."""
+    link = FakeLink()
+    handoff = Handoff(lambda: link, budget_bytes=1 << 30, warn=lambda m: None,
+                      register_atexit=False, io_thread=False)
+    assert link.messages[0][0] == Message.START and not handoff.recorder_up
+    handoff.io_turn()  # the I/O thread's turn: no reply yet
+    assert not handoff.recorder_up
+    link.ack()
+    handoff.io_turn()
+    assert handoff.recorder_up
+    handoff.close(None)
+
+
 def test_with_its_io_thread_the_scheduler_thread_makes_no_zeromq_call() -> None:
     """The I/O thread on: steps past ``flush_every_s`` only append to the
     open frame on the scheduler thread (no flush, no reply read); the
