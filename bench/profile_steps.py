@@ -22,10 +22,13 @@ each phase:
 * ``commands``: executing the core's commands (pins, hash reads, stores);
 * ``fingerprints``, ``record`` (the event log's part on the scheduler thread:
   ``connector.handoff.sender.Handoff.record``, numbering and packing each record
-  call's events and handing each step to the recorder process over ZeroMQ), and
+  call's events and appending each step's message to the open frame), and
   inside it ``record pack`` (each record call's events to wire form and msgpack),
-  ``record service`` (the recorder's replies read, its process watched) and
-  ``record send`` (the ZeroMQ send of a step's message);
+  ``record service`` (replies and liveness on the scheduler thread: at the
+  close, or with no I/O thread) and ``record send`` (a step's message appended
+  to the open frame); ``record I/O (its thread)``: the hand-off's I/O thread's
+  turns (frames to ZeroMQ, replies, liveness), not on the scheduler thread,
+  filed under whichever step they ran beside;
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
 * ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
   ``update_connector_output``;
