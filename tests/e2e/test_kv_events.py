@@ -11,8 +11,10 @@ Workload: 8 prompts sharing a 512-token system prompt (1112 tokens each) on a
 72-block pool, two at a time, prefilled in 256-token steps, lazy EVICTION_AWARE
 tuned to lose some (``chunk_split`` off, so a shield that cannot cover a whole
 op covers none; one op a step; a 1-step horizon): some buffered ops are
-dropped as evicted, some as duplicates of another request's chunks, and the
-tail at shutdown.
+dropped as duplicates of another request's chunks, the tail at shutdown, and
+usually some as evicted (how many depends on when the server's receipts
+release the pins: 2-4 in most runs, none in about one run of ten on a
+loaded box, so the test needs no eviction).
 
 * The LMCache server started with ``--kv-event-log-size 0`` (it advertises no
   event stream, so the workers announce their own completed stores): the CPU
@@ -355,13 +357,11 @@ def test_cpu_block_stored_are_exactly_the_chunks_the_log_stored(lazy_run: Run) -
     assert announced == ledger.stored, (
         f"announced and not stored: {len(announced - ledger.stored)}, "
         f"stored and not announced: {len(ledger.stored - announced)}")
-    # Some ops were lost (not only the shutdown's tail), and none of their chunks
-    # was announced.
-    lost = counters["dropped_evicted_ops"] + counters["dropped_stale_ops"]
-    assert lost > 0, f"the workload lost no buffered op: {counters}"
+    # Ops were dropped besides the shutdown's tail (duplicates, and usually some
+    # evicted ones), and none of the dropped chunks was announced.
     assert counters["dropped_duplicate_tokens"] > 0, counters
     assert ledger.dropped, ledger.drop_causes
-    assert not ledger.dropped & set(announced)
+    assert not ledger.dropped & set(announced), ledger.drop_causes
     # --kv-event-log-size 0: the workers announce stores; nothing else on the CPU tier.
     assert seen.cpu_removed == 0 and seen.cleared == 0
     assert WARNING_MARK not in lazy_run.engine_log
