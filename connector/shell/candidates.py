@@ -10,10 +10,11 @@ metadata only if and when the store is submitted.
 
 So on the lazy path the connector keeps LMCache's tracker bookkeeping as
 LMCache does (scheduled tokens, appended block ids) and asks
-:func:`storable_end` instead: a few integer comparisons for a request
-without a new chunk, and for one with a chunk the slice of block ids it
-covers. ``connector.shell.stores`` builds LMCache's metadata for what the core
-submits, from the request's :func:`source_of`.
+:func:`chunk_due` instead: one integer comparison for a request without a
+new chunk (no further call), and for one with a chunk :func:`storable_end`
+and the slice of block ids it covers. ``connector.shell.stores`` builds
+LMCache's metadata for what the core submits, from the request's
+:func:`source_of`.
 
 Contract of :func:`storable_end`: the end of the same range
 ``GetStoreMetadata`` would offer, under every limit LMCache's store path
@@ -37,15 +38,29 @@ from connector.shell.stores import StoreSource
 Tracker = Any  # lmcache's LMCacheMPRequestTracker (untyped here, as LMCache is)
 
 
+def chunk_due(tracker: Tracker, chunk_tokens: int, save_decode_cache: bool) -> bool:
+    """Whether a whole chunk was computed past the request's last offer, within
+    its prompt unless the decode cache is saved: false for most running
+    requests on most steps (decodes, and a prompt's partial last chunk), which
+    then cost the step no more than this test. The first limits of
+    :func:`storable_end`; the others (allocation, the request's cap) need it."""
+    limit: int = tracker.num_scheduled_tokens + max(tracker.num_vllm_hit_tokens,
+                                                    tracker.num_lmcache_hit_tokens)
+    if not save_decode_cache and tracker.num_prompt_tokens < limit:
+        limit = tracker.num_prompt_tokens
+    stored: int = tracker.num_stored_tokens
+    return limit - stored >= chunk_tokens
+
+
 def storable_end(tracker: Tracker, chunk_tokens: int, group_tokens_per_block: list[int],
                  save_decode_cache: bool) -> int:
     """The end token of the request's next offer (a whole number of chunks
     from ``tracker.num_stored_tokens``), or 0 when no whole chunk is ready."""
+    if not chunk_due(tracker, chunk_tokens, save_decode_cache):
+        return 0
     stored = tracker.num_stored_tokens
     limit = tracker.num_scheduled_tokens + max(tracker.num_vllm_hit_tokens,
                                                tracker.num_lmcache_hit_tokens)
-    if limit - stored < chunk_tokens:
-        return 0  # the common case: no chunk completed since the last offer
     if not save_decode_cache and tracker.num_prompt_tokens < limit:
         limit = tracker.num_prompt_tokens
     cap = tracker.max_offload_tokens

@@ -48,7 +48,7 @@ from connector.handoff.supervisor import launcher
 from connector.recorder.recording import installed_versions
 from connector.recorder.writer import default_prefix
 from connector.shell import kv_events, metrics, shutdown_signal
-from connector.shell.candidates import source_of, storable_end
+from connector.shell.candidates import chunk_due, source_of, storable_end
 from connector.shell.logs import LOGGER_NAME
 from connector.shell.manager import EventSourcedManager
 from offload_fsm import parse_config
@@ -160,10 +160,13 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             return
         scheduled = scheduler_output.num_scheduled_tokens
         trackers = self.request_trackers
+        chunk, save_decode = (self._chunk_tokens if self._can_store else None,
+                              self._save_decode_cache)
         for new_request in scheduler_output.scheduled_new_reqs:
             tracker = trackers[new_request.req_id]
             tracker.increase_num_scheduled_tokens(scheduled[new_request.req_id])
-            self._offer_new_chunks(manager, tracker)
+            if chunk is not None and chunk_due(tracker, chunk, save_decode):
+                self._offer_new_chunks(manager, tracker)
 
     def _process_cached_requests(self, scheduler_output: Any, metadata: Any) -> None:
         """Lazy: LMCache's bookkeeping of running requests (block ids appended
@@ -178,12 +181,15 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         resumed = cached.resumed_req_ids
         relocation = self._mamba_relocation_window
         trackers = self.request_trackers
+        chunk, save_decode = (self._chunk_tokens if self._can_store else None,
+                              self._save_decode_cache)
         for request_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
             tracker = trackers[request_id]
             if new_block_ids and request_id not in resumed:
                 tracker.append_block_ids(new_block_ids, relocation)
             tracker.increase_num_scheduled_tokens(scheduled[request_id])
-            self._offer_new_chunks(manager, tracker)
+            if chunk is not None and chunk_due(tracker, chunk, save_decode):
+                self._offer_new_chunks(manager, tracker)
 
     def _candidate_manager(self) -> EventSourcedManager | None:
         """Ours when the lazy store-candidate path is on; None: LMCache's own path."""
@@ -193,9 +199,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def _offer_new_chunks(self, manager: EventSourcedManager, tracker: Any) -> None:
         """Offer the request's whole chunks computed since its last offer
         (``LMCacheMPRequestTracker.num_stored_tokens`` moves as LMCache moves
-        it when it builds a store)."""
-        if not self._can_store:
-            return
+        it when it builds a store). Called only for a producer's request with
+        a chunk due (``chunk_due``)."""
         start = tracker.num_stored_tokens
         end = storable_end(tracker, self._chunk_tokens, self._group_tokens_per_block,
                            self._save_decode_cache)

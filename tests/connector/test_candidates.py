@@ -24,7 +24,7 @@ from lmcache.integration.vllm.lmcache_mp_metadata import (  # noqa: E402
 )
 from lmcache.v1.multiprocess.group_view import slice_block_ids_per_group  # noqa: E402
 
-from connector.shell.candidates import source_of, storable_end  # noqa: E402
+from connector.shell.candidates import chunk_due, source_of, storable_end  # noqa: E402
 from connector.shell.stores import StoreBuilder  # noqa: E402
 from offload_fsm.vocabulary.commands import SubmitStore  # noqa: E402
 
@@ -78,6 +78,9 @@ def test_the_range_is_lmcaches_own(drawn: tuple[Any, list[int]], save_decode: bo
     stored_after = tracker.num_stored_tokens
     tracker.num_stored_tokens = start
     end = storable_end(tracker, CHUNK, groups, save_decode)
+    # The connector's loops ask chunk_due first and skip the request when it
+    # says no: it must never skip one LMCache would store.
+    assert chunk_due(tracker, CHUNK, save_decode) or expected is None
     if expected is None:
         assert end == 0
         assert stored_after == start
@@ -132,3 +135,16 @@ def test_the_real_tracker_is_read_as_lmcache_builds_it() -> None:
     tracker.increase_num_scheduled_tokens(600)
     assert storable_end(tracker, CHUNK, [16], False) == 512
     assert source_of(tracker).cache_salt == "s"
+
+
+def test_a_chunk_is_due_once_a_whole_chunk_is_computed_within_the_prompt() -> None:
+    tracker = _tracker(all_token_ids=list(range(600)), num_prompt_tokens=600,
+                       allocated_block_ids={0: list(range(40))}, num_scheduled_tokens=255)
+    assert not chunk_due(tracker, CHUNK, False)
+    tracker.num_scheduled_tokens = 256  # exactly one chunk
+    assert chunk_due(tracker, CHUNK, False)
+    assert storable_end(tracker, CHUNK, [16], False) == 256
+    tracker.num_stored_tokens = 512
+    tracker.num_scheduled_tokens = 600 + 300  # decoding past the prompt's partial chunk
+    assert not chunk_due(tracker, CHUNK, False)
+    assert chunk_due(tracker, CHUNK, True)
