@@ -113,8 +113,9 @@ class CoreFeed:
     def noted(self, applied: Applied) -> None:
         """What the commands and the narrator learn of applied events."""
         for _, outcome in applied:
-            self._commands.note(outcome)
-            self._narrator.note(outcome)
+            if outcome.decisions:  # both read decisions only
+                self._commands.note(outcome)
+                self._narrator.note(outcome)
         self.seq += len(applied)
 
     def record(self) -> None:
