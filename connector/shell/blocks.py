@@ -20,9 +20,6 @@ bench that needs byte-identical logs across runs sets the key itself
 * :func:`report_resets` makes the pool say when its prefix cache was reset.
 * :func:`free_queue_head` walks the free queue from the eviction head and
   stops after ``depth`` blocks: O(depth), never the whole queue.
-* :func:`release` hands pinned blocks back to the pool (the free queue's
-  tail, as vLLM frees any block); :func:`release_to_head` puts those a
-  caller names evictable first back at its head instead.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 BlockPool = Any  # vllm.v1.core.block_pool.BlockPool (kept untyped: vLLM is optional here)
@@ -96,24 +93,6 @@ def touch(pool: BlockPool, block_ids: Iterable[int]) -> None:
 
 def release(pool: BlockPool, block_ids: Iterable[int]) -> None:
     pool.free_blocks([pool.blocks[b] for b in block_ids])
-
-
-def release_to_head(pool: BlockPool, block_ids: Sequence[int], watched: Container[int]) -> None:
-    """Release ``block_ids`` (one request's, in token order); those now free,
-    cached and not in ``watched`` go to the free queue's head, the last
-    first: vLLM evicts them next, a request's later blocks before its
-    earlier ones, as it evicts the blocks of a finished request. The rest
-    join the tail, as :func:`release` puts them."""
-    released = [pool.blocks[b] for b in block_ids]
-    pool.free_blocks(released)
-    first = [block for block in reversed(released)
-             if block.ref_cnt == 0 and block.block_hash is not None and not block.is_null
-             and block.pool in (None, pool) and block.block_id not in watched]
-    if first:
-        queue = pool.free_block_queue
-        for block in first:
-            queue.remove(block)
-        queue.prepend_n(first)
 
 
 def free_count(pool: BlockPool) -> int:

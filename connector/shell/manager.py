@@ -60,6 +60,7 @@ from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
 _R = TypeVar("_R")
 
 
+
 def _hook(default: Callable[[], Any]) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """A method vLLM (or LMCache for it) calls: whatever it raises stays here.
     The error is logged once per method and ``default()`` is returned; the
@@ -120,7 +121,6 @@ class EventSourcedManager:
         self._log = get_logger()
         self._commands = PoolCommands(StoreBuilder(group_tokens_per_block), self._fingerprint,
                                       self._log.error)
-        self._commands.watched = self.state.owners
         self._drain: DrainOnly | None = None
         # When vLLM's shutdown signal came (shell clock), and whether the core heard it.
         self._shutdown_signal_s: float | None = None
@@ -217,11 +217,10 @@ class EventSourcedManager:
             self._commands.execute_drained(
                 self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
-            with self._commands.settling(failed_request_ids):
-                self._guarded(self._core.feed, events.ReceiptsArrived(
-                    completed=tuple(sorted(completed_store_counts.items())),
-                    failed=tuple(sorted(failed_request_ids)),
-                ))
+            self._guarded(self._core.feed, events.ReceiptsArrived(
+                completed=tuple(sorted(completed_store_counts.items())),
+                failed=tuple(sorted(failed_request_ids)),
+            ))
         self._core.record()
         return self._commands.take_actions()
 
@@ -443,6 +442,8 @@ class EventSourcedManager:
             self._log.info("lazy offload: request id reused while its predecessor's teardown "
                            "was deferred; released the predecessor's session",
                            req_id=request_id)
+
+    # -- the command loop -------------------------------------------------
 
     # -- failure: drain-only mode -----------------------------------------
 

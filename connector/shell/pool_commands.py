@@ -19,19 +19,6 @@ core command                what is done
 ``EndSession``              returned in ``sessions_to_end``
 ==========================  ===============================================
 
-Where released blocks go. vLLM frees a block to the free queue's tail, as
-the most recently used. A stored batch's blocks were pinned where a drain
-found them, near the eviction head (or where a shield caught them), and
-are no more recently used for having been stored; at the tail they would
-outlive older cached blocks that vLLM's prefix cache still serves (the
-tight agentic shape lost 1.7 points of prompt tokens from vLLM's own cache
-to eager that way). So the blocks of a batch whose store every worker
-reported (a ``ReleaseBlocks`` of a submitted batch while receipts are
-applied, its request not among the failed) go back to the head, evicted
-next, their content now in LMCache (``blocks.release_to_head``); a block
-a buffered op still watches (the core's ``State.owners``, read only) and
-every other release join the tail.
-
 The records are what drain-only mode trusts when the core is gone
 (``offload_fsm.after_failure``): ``held``, the protections really applied to
 the pool (block id -> count), and ``submitted``, the stores handed to LMCache
@@ -40,8 +27,7 @@ and not yet settled (req id -> (batch id, block ids)).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
@@ -69,10 +55,6 @@ class PoolCommands:
         self.held: dict[int, int] = {}
         self.submitted: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._actions = LazyOffloadActions()
-        # The core's watch set (State.owners, read only; the manager binds it).
-        self.watched: Container[int] = ()
-        # While receipts are applied (settling), the requests whose store failed.
-        self._receipts_failed: Container[str] | None = None
 
     def execute(self, command: Command) -> Event | None:
         pool = self.pool
@@ -91,10 +73,7 @@ class PoolCommands:
             self._actions.stores_to_submit.append(self.stores.build(command))
             self.submitted[command.req_id] = (command.batch_id, command.block_ids)
         elif isinstance(command, commands.ReleaseBlocks):
-            if self._stored(command.batch_id):
-                blocks.release_to_head(pool, command.block_ids, self.watched)
-            else:
-                blocks.release(pool, command.block_ids)
+            blocks.release(pool, command.block_ids)
             self._unhold(command.block_ids)
         elif isinstance(command, commands.EndSession):
             self._actions.sessions_to_end.append(command.req_id)
@@ -127,25 +106,6 @@ class PoolCommands:
                 held = self.submitted.get(decision.req_id)
                 if held is not None and held[0] == decision.batch_id:
                     del self.submitted[decision.req_id]
-
-    @contextlib.contextmanager
-    def settling(self, failed: Container[str]) -> Iterator[None]:
-        """While the workers' receipts are applied; ``failed``: the requests
-        whose store failed on some worker."""
-        self._receipts_failed = failed
-        try:
-            yield
-        finally:
-            self._receipts_failed = None
-
-    def _stored(self, batch_id: int) -> bool:
-        """Whether ``batch_id`` is a submitted batch that the receipts being
-        applied report stored by every worker (its release is its settling)."""
-        failed = self._receipts_failed
-        if failed is None or batch_id < 0:
-            return False
-        return any(batch == batch_id and req_id not in failed
-                   for req_id, (batch, _) in self.submitted.items())
 
     def ends_sessions_since(self, count: int) -> list[str]:
         """The sessions to end added after the first ``count``."""

@@ -46,8 +46,8 @@ Three rules beat LMCache's EVICTION_AWARE where it loses data:
   read goes ``cascade_lookahead_blocks`` beyond ``D``, and no further than
   the step's pin headroom left (the rounds after it cannot protect more of
   the queue's blocks than that): it is a prefix of the free queue,
-  protecting a block only takes it out, and a block released within a step
-  rejoins at the tail, so while at least ``D`` of the read's blocks are still unprotected
+  protecting a block only takes it out, and a released block rejoins at the
+  tail, so while at least ``D`` of the read's blocks are still unprotected
   the next round's window is their first ``D``, and the rounds go on from
   the read without another (decided as one read a round would decide; 0
   reads once a round, as logs recorded before the key existed).

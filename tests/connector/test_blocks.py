@@ -116,35 +116,3 @@ def test_the_engine_index_is_vllms_data_parallel_index_not_the_reset_rank() -> N
     assert engine_index_of(SimpleNamespace(data_parallel_rank=0, data_parallel_index=1)) == 1
     assert engine_index_of(SimpleNamespace(data_parallel_rank=2)) == 2  # an older vLLM
     assert engine_index_of(SimpleNamespace()) == 0
-
-
-def _pinned(pool: Any, count: int, first_hash: int) -> list[int]:
-    """``count`` hashed blocks taken from the pool, then freed by their
-    request and still pinned once more (as a store holds them)."""
-    got = pool.get_new_blocks(count)
-    for n, block in enumerate(got):
-        block.set_block_hash(make_block_hash_with_group_id((first_hash + n).to_bytes(32, "big"), 0))
-    pool.touch(got)  # the pin
-    pool.free_blocks(got)  # the request's own reference
-    return [b.block_id for b in got]
-
-
-def test_a_stored_batch_returns_at_the_head_its_last_block_first() -> None:
-    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=BLOCK)
-    ids = _pinned(pool, 3, 100)
-    before = _linked(pool)
-    blocks.release_to_head(pool, ids, watched=())
-    assert _linked(pool) == ids[::-1] + before  # evicted next, the request's end first
-    assert pool.get_num_free_blocks() == len(before) + 3
-
-
-def test_a_watched_a_still_used_or_an_unhashed_block_joins_the_tail() -> None:
-    pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=BLOCK)
-    ids = _pinned(pool, 4, 200)
-    pool.blocks[ids[2]].reset_hash()  # never cached: vLLM reuses it first itself
-    pool.touch([pool.blocks[ids[3]]])  # a running request hit it meanwhile
-    before = _linked(pool)
-    blocks.release_to_head(pool, ids, watched={ids[1]})
-    # vLLM put the unhashed one at the head; the stored one goes before it.
-    assert _linked(pool) == [ids[0], ids[2], *before, ids[1]]
-    assert pool.blocks[ids[3]].ref_cnt == 1  # still in use: not in the queue
