@@ -38,31 +38,30 @@ from connector.shell.stores import StoreSource
 Tracker = Any  # lmcache's LMCacheMPRequestTracker (untyped here, as LMCache is)
 
 
-def chunk_due(tracker: Tracker, chunk_tokens: int, save_decode_cache: bool) -> bool:
-    """Whether a whole chunk was computed past the request's last offer, within
-    its prompt unless the decode cache is saved: false for most running
-    requests on most steps (decodes, and a prompt's partial last chunk), which
-    then cost the step no more than this test. The first limits of
-    :func:`storable_end`; the others (allocation, the request's cap) need it."""
+def chunk_due(tracker: Tracker, chunk_tokens: int, save_decode_cache: bool) -> int:
+    """The tokens the request's next offer may reach (computed: scheduled plus
+    the larger of the vLLM and LMCache hits; within its prompt unless the
+    decode cache is saved) when that is a whole chunk past its last offer,
+    else 0: 0 for most running requests on most steps (decodes, a prompt's
+    partial last chunk), which then cost the step no more than this test.
+    :func:`storable_end` applies the other limits (allocation, known tokens,
+    the request's cap)."""
     limit: int = tracker.num_scheduled_tokens + max(tracker.num_vllm_hit_tokens,
                                                     tracker.num_lmcache_hit_tokens)
     if not save_decode_cache and tracker.num_prompt_tokens < limit:
         limit = tracker.num_prompt_tokens
     stored: int = tracker.num_stored_tokens
-    return limit - stored >= chunk_tokens
+    return limit if limit - stored >= chunk_tokens else 0
 
 
 def storable_end(tracker: Tracker, chunk_tokens: int, group_tokens_per_block: list[int],
                  save_decode_cache: bool) -> int:
     """The end token of the request's next offer (a whole number of chunks
     from ``tracker.num_stored_tokens``), or 0 when no whole chunk is ready."""
-    if not chunk_due(tracker, chunk_tokens, save_decode_cache):
+    limit = chunk_due(tracker, chunk_tokens, save_decode_cache)
+    if not limit:
         return 0
     stored = tracker.num_stored_tokens
-    limit = tracker.num_scheduled_tokens + max(tracker.num_vllm_hit_tokens,
-                                               tracker.num_lmcache_hit_tokens)
-    if not save_decode_cache and tracker.num_prompt_tokens < limit:
-        limit = tracker.num_prompt_tokens
     cap = tracker.max_offload_tokens
     if cap is not None and cap < limit:
         limit = cap
