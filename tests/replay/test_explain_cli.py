@@ -106,30 +106,45 @@ def test_summary_whatif_timeline(tmp_path: Path, mixed_log: Path) -> None:
     assert code == 2 and "expected FILE.html" in err and not (tmp_path / "t.png").exists()
 
 
-def _record_steps(recorder: EventRecorder, steps: int) -> None:
-    """``steps`` steps of one new request each into ``recorder``, which is then closed."""
-    world = RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
-                           sink=recorder.record)
-    for step in range(steps):
-        world.arrive(f"r{step}")
-        world.schedule([f"r{step}"], next_step_blocks=2)
-    recorder.close(world.state)
+def _record_until_heard(recorders: list[EventRecorder], lines: list[str],
+                        labels: list[str]) -> None:
+    """Steps of one short request each into every recorder, until the
+    follower has printed a record under every label (a PUB socket drops what it
+    sends before a subscription reaches it, and how long that takes depends
+    on the box's load), then two more steps each; then the recorders close."""
+    worlds = [RecordingWorld(state=new_state(CONFIG, world_size=1), pool=FakePool(8),
+                             sink=recorder.record) for recorder in recorders]
+    deadline = time.monotonic() + 20.0
+    heard_steps = 0
+    step = 0
+    while heard_steps < 2:
+        for world in worlds:
+            world.arrive(f"r{step}")
+            world.schedule([f"r{step}"], next_step_blocks=2)
+            world.finish(f"r{step}")
+        step += 1
+        heard = all(any(line.startswith(label) and " seq " in line for line in list(lines))
+                    for label in labels)
+        heard_steps += heard
+        assert heard or time.monotonic() < deadline, f"tail heard nothing in 20 s: {lines[-5:]}"
+        time.sleep(0.05)
+    for world, recorder in zip(worlds, recorders, strict=True):
+        recorder.close(world.state)
 
 
 def test_tail_follows_a_live_stream(tmp_path: Path) -> None:
     pytest.importorskip("zmq")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     lines: list[str] = []
-    # The PUB socket binds when the recorder starts; the subscriber connects
-    # and retries, and a PUB drops what was sent before a subscriber joined.
-    thread = threading.Thread(target=lambda: follow(endpoint, lines.append, timeout_s=5.0))
+    # The subscriber starts before the PUB socket binds: it connects and retries.
+    thread = threading.Thread(target=lambda: follow(endpoint, lines.append, timeout_s=30.0))
     thread.start()
     time.sleep(0.3)
     recorder = EventRecorder(CONFIG, 1, str(tmp_path), VERSIONS, prefix="run",
                              register_atexit=False, pub_endpoint=endpoint, digest_every=1)
-    time.sleep(0.5)  # the slow-joiner window of PUB/SUB
-    _record_steps(recorder, 5)
+    _record_until_heard([recorder], lines, [""])
     thread.join(10)
+    assert not thread.is_alive(), "tail did not stop at END"
     assert any(" inputs " in line for line in lines), lines
     assert any(" end (" in line for line in lines), lines
     assert not any("GAP" in line for line in lines), lines
@@ -145,11 +160,9 @@ def test_tail_follows_one_stream_per_engine(tmp_path: Path) -> None:
                                register_atexit=False, pub_endpoint=endpoint, digest_every=1,
                                engine_index=n)
                  for n, endpoint in enumerate(endpoints)]
-    thread = threading.Thread(target=lambda: follow(endpoints, lines.append, timeout_s=10.0))
+    thread = threading.Thread(target=lambda: follow(endpoints, lines.append, timeout_s=30.0))
     thread.start()
-    time.sleep(1.0)  # the slow-joiner window of PUB/SUB
-    for recorder in recorders:
-        _record_steps(recorder, 3)
+    _record_until_heard(recorders, lines, ["[0] ", "[1] "])
     thread.join(10)
     assert not thread.is_alive(), "tail did not stop at both ENDs"
     for label in ("[0] ", "[1] "):
