@@ -4,7 +4,7 @@ with no connector and with stock eager LMCache. A bench, not a test: it asserts
 nothing; it measures and prints.
 
     PYTHONPATH=. .venv/bin/python -m bench.soak [--minutes 30] [--baseline-minutes 5]
-        [--concurrency 8] [--blocks 256] [--side-by-side] [--out DIR]
+        [--concurrency 8] [--blocks 256] [--side-by-side | --interleave S] [--out DIR]
 
 Contract. One command; it builds the tiny model (``testkit.tiny_model``), starts a
 real ``lmcache server`` on loopback per LMCache arm (``testkit.lmcache_server``) and
@@ -21,7 +21,10 @@ offload off) and ``ours_log_off`` (ours with ``lazy_offload_log_dir=""``: what t
 event log costs a request on the real engine); ``--side-by-side`` runs the arms at
 once instead, each with its own servers, so a long run's RSS slope has a baseline over
 the same hours and the same load (latencies then share the cores and do not compare
-with a one-arm run). The LMCache arms use LMCache's fast
+with a one-arm run); ``--interleave S`` (with ``--no-faults``) also starts every arm
+at once but lets the traffic through to one arm at a time, ``S`` seconds each, round
+after round, each arm ``--minutes`` of turns: the fair comparison of request latency
+on a box whose speed drifts between arms run one after another. The LMCache arms use LMCache's fast
 failure detection (heartbeat 1 s, ``mq_timeout`` 5 s, as README "Running with an
 unreliable LMCache server" advises).
 This traffic writes about 0.1 MiB of event log a minute, so the README's example bound
@@ -37,6 +40,9 @@ The modules, one job each:
     ``/metrics`` scraped and read, the server log's WARNING lines by kind;
   * ``faults``: the two faults of the ``ours`` arm (LMCache server restart, one lost
     receipt) and what each moved;
+  * ``turns``: the round-robin of ``--interleave``;
+  * ``steptimes``: where a real server's step goes, per process (a ``sitecustomize``
+    for the soak's processes, and its report);
   * ``report``: an arm's figures (slopes, percentiles, the ledger) and the tables;
   * ``__main__``: the arms, one arm's run, the command line.
 """

@@ -42,6 +42,7 @@ from bench.soak.faults import (
 )
 from bench.soak.report import figures, percentile, report
 from bench.soak.traffic import Traffic
+from bench.soak.turns import Turns
 from bench.trees import REPO
 from testkit.env import apply_e2e_env
 from testkit.lmcache_server import LMCacheServer
@@ -78,7 +79,9 @@ def transfer_config(arm: str, server: LMCacheServer | None, log_dir: Path,
 
 
 def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
-            args: argparse.Namespace) -> dict[str, Any]:
+            args: argparse.Namespace, turns: Turns | None = None) -> dict[str, Any]:
+    """One arm's run; with ``turns``, its traffic only in its turns, for ``minutes``
+    of its own turns (``turns.wall_s`` end to end)."""
     work = out / arm
     work.mkdir(parents=True, exist_ok=True)
     log_dir = work / "events"
@@ -102,12 +105,16 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
         result["kv_transfer_config"] = config
         with api_server(model_dir, config, log_path, args.blocks, extra_env,
                         args.shutdown_timeout) as (port, api_pid):
+            if turns is not None:
+                turns.arrive()
+                duration_s = result["turns_wall_s"] = turns.wall_s
             t0 = time.monotonic()
             t0_file.write_text(repr(time.time()))
             sampler = Sampler(port, api_pid, log_dir if arm == "ours" else None, t0)
             sampler.start()
             traffic = Traffic(port, str(model_dir), args.seed, args.concurrency,
-                              t0 + duration_s, t0)
+                              t0 + duration_s, t0,
+                              turns.gate(arm) if turns is not None else None)
             traffic.start()
             progress = threading.Thread(target=_progress, args=(sampler, traffic, t0,
                                                                 duration_s), daemon=True)
@@ -137,6 +144,10 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
                 result["lmcache_objects_end"] = lmcache_objects(server)
             stopping = time.monotonic()
         result["shutdown_s"] = round(time.monotonic() - stopping, 1)
+    except BaseException:
+        if turns is not None:
+            turns.abort()
+        raise
     finally:
         if server is not None:
             server.stop()
@@ -229,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the arms at once, each on its own server and pool: a "
                              "long soak's RSS slope beside a baseline's over the same hours "
                              "and the same machine load")
+    parser.add_argument("--interleave", type=float, default=0.0, metavar="S",
+                        help="start every arm at once and let the traffic through to one "
+                             "arm at a time, S seconds each, round after round "
+                             "(bench.soak.turns); every arm gets --minutes of turns")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     out = args.out or Path(f"/tmp/soak-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -247,14 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     arms = [(arm, minutes) for arm, minutes in arms if minutes > 0]
     results: list[dict[str, Any]] = []
 
-    def one(arm: str, minutes: float) -> dict[str, Any]:
+    def one(arm: str, minutes: float, turns: Turns | None = None) -> dict[str, Any]:
         try:
-            return run_arm(arm, minutes, model_dir, out, args)
+            return run_arm(arm, minutes, model_dir, out, args, turns)
         except Exception as error:  # noqa: BLE001 - report the other arms anyway
             print(f"arm {arm} failed: {error!r}", flush=True)
             return {"arm": arm, "name": ARM_NAMES[arm], "error": repr(error)}
 
-    if args.side_by_side:
+    if args.interleave:
+        if not args.no_faults:
+            parser.error("--interleave needs --no-faults (the faults are timed for a run "
+                         "of its own)")
+        turns = Turns([arm for arm, _ in arms], args.interleave, args.minutes * 60)
+        with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+            results = list(pool.map(lambda a: one(a[0], args.minutes, turns), arms))
+    elif args.side_by_side:
         with ThreadPoolExecutor(max_workers=len(arms)) as pool:
             results = list(pool.map(lambda a: one(*a), arms))
     else:

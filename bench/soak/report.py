@@ -69,8 +69,9 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     lat = [r["latency_s"] for r in requests]
     # The span every arm ran (the baselines' minutes), for a like-for-like latency:
     # a session's prompt grows turn by turn, so a longer run sees longer prompts.
+    # Arms that took turns (``--interleave``) all ran the same wall span.
     spans = [m for m in (args.minutes, args.baseline_minutes) if m > 0]
-    span_s = min(spans) * 60 if spans else duration_s
+    span_s = result.get("turns_wall_s") or (min(spans) * 60 if spans else duration_s)
     common = [r["latency_s"] for r in requests if r["t"] + r["latency_s"] <= span_s]
     # Requests that overlap the server's outage, from the kill to 15 s after it is
     # healthy again (the adapters' heartbeat has noticed by then).
@@ -97,7 +98,10 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "warmup_s": warmup_s, "requests": len(requests), "sessions": result.get("sessions"),
         "errors": sum(result.get("errors", {}).values()),
-        "requests_per_s": len(requests) / result["traffic_s"] if result.get("traffic_s") else None,
+        # over the arm's own turns when the arms took turns
+        "requests_per_s": (len(requests) / (result["minutes"] * 60 if result.get("turns_wall_s")
+                                            else result["traffic_s"])
+                           if result.get("traffic_s") else None),
         "latency_p50_s": percentile(lat, 0.50), "latency_p99_s": percentile(lat, 0.99),
         "latency_max_s": max(lat) if lat else None,
         "common_span_s": span_s,

@@ -46,7 +46,9 @@ class Traffic:
     """``concurrency`` threads of multi-turn sessions until ``deadline`` (monotonic)."""
 
     def __init__(self, port: int, model: str, seed: int, concurrency: int,
-                 deadline: float, t0: float) -> None:
+                 deadline: float, t0: float, gate: threading.Event | None = None) -> None:
+        """``gate``: waited on before each request (``bench.soak.turns``); None: no wait."""
+        self.gate = gate
         self.url = f"http://127.0.0.1:{port}/v1/completions"
         self.model = model
         self.seed = seed
@@ -82,6 +84,8 @@ class Traffic:
             user = _tokens(rng, rng.randint(32, 256))
             max_tokens = rng.randint(16, 128)
             prompt = history + user
+            if self.gate is not None:
+                self.gate.wait()
             if len(prompt) + max_tokens > MAX_MODEL_LEN or time.monotonic() >= self.deadline:
                 return
             reply = self._request(prompt, max_tokens)
