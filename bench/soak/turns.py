@@ -51,11 +51,10 @@ class Turns:
         turn = 0
         while (left := end - time.monotonic()) > 0:
             current = self.arms[turn % len(self.arms)]
-            for arm, gate in self._gates.items():
-                if arm == current:
-                    gate.set()
-                else:
+            for arm, gate in self._gates.items():  # closed first: one open at a time
+                if arm != current:
                     gate.clear()
+            self._gates[current].set()
             time.sleep(min(self.segment_s, left))
             turn += 1
         for gate in self._gates.values():
