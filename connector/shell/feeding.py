@@ -8,22 +8,21 @@ core applied is recorded once, in that order, before the log closes.
 
 Theory of operation
 -------------------
-One core pass and one record per half step. What ``schedule()`` observes
-before the step is read (arrivals, the step's offers) waits
-(:meth:`CoreFeed.defer`) and is applied in order where the step is read
-(:meth:`CoreFeed.apply_pending`), with the passed steps before it: none of
+One core pass and one record per step. What ``schedule()`` observes before
+the step is read (arrivals, the step's offers) and the last step's receipts
+wait (:meth:`CoreFeed.defer`) and are applied in order where the step is
+read (:meth:`CoreFeed.apply_pending`, in the step's pass,
+``connector.shell.beside``), with the passed steps before them: none of
 them needs a command before then, and no hook between reads what they
 change (a lookup reads the core's buffered blocks and pins, which an
 arrival leaves alone, and asks :meth:`CoreFeed.arriving` for its request;
-an event it feeds applies what waits first). What needs the
-core's answer now (a finish, whose shield pins before vLLM frees the
-blocks; receipts; an arrival whose id is reused) is applied at once
-(:meth:`CoreFeed.feed`, pending ones first). The applied pairs wait in
-``unrecorded`` and go to the log once per half step (:meth:`CoreFeed.record`,
-at the end of ``on_scheduler_step`` and of ``on_store_results``), or sooner
-past :data:`RECORD_EVENTS`: the core sees the same events in the same order
-as with a call and a record per event, and the log holds the same events;
-what a half step costs is one record call instead of one per observation.
+an event it feeds applies what waits first). What needs the core's answer
+now (a finish, whose shield pins before vLLM frees the blocks; an arrival
+whose id is reused) is applied at once (:meth:`CoreFeed.feed`, pending ones
+first). The applied pairs wait in ``unrecorded`` and go to the log once per
+step (:meth:`CoreFeed.record`, at the end of the pass), or sooner past
+:data:`RECORD_EVENTS`: the core sees the same events in the same order as
+with a call and a record per event, and the log holds the same events.
 
 On a failure (``drive`` raises), the events before the failing one are
 applied and noted; the rest stay pending for the manager's drain-only
@@ -65,12 +64,14 @@ class CoreFeed:
         self._commands = commands
         self._narrator = narrator
         self._failed = failed
-        self._pending: deque[Event] = deque()
+        self._pending: deque[Event | Callable[[], Event]] = deque()
         self._arriving: set[str] = set()  # the request ids of pending arrivals
         self._unrecorded: list[tuple[Event, Outcome]] = []
 
-    def defer(self, event: Event) -> None:
-        """Apply ``event`` where the step is read (or before the next event fed)."""
+    def defer(self, event: Event | Callable[[], Event]) -> None:
+        """Apply ``event`` where the step is read (or before the next event
+        fed); a callable is the event's builder, called then (an offer's
+        fingerprints are read in the step's pass)."""
         if type(event) is events.RequestArrived:
             self._arriving.add(event.req_id)
         self._pending.append(event)
@@ -89,7 +90,9 @@ class CoreFeed:
         pending = self._pending
         while pending:
             event = pending.popleft()
-            if type(event) is events.RequestArrived:
+            if callable(event):
+                event = event()
+            elif type(event) is events.RequestArrived:
                 self._arriving.discard(event.req_id)
             self._drive(event)
 
@@ -97,10 +100,12 @@ class CoreFeed:
         """Apply the reader's run of passed steps."""
         self.applied(drive(self.state, self._reader.take_passed(), self._commands.execute))
 
-    def drop_pending(self) -> None:
-        """Forget what waits: the core closed (drain-only mode)."""
+    def drop_pending(self) -> list[Event | Callable[[], Event]]:
+        """Forget what waits, and return it: the core closed (drain-only mode)."""
+        dropped = list(self._pending)
         self._pending.clear()
         self._arriving.clear()
+        return dropped
 
     def applied(self, applied: Applied) -> None:
         """``drive``'s result: noted, and held for the log."""

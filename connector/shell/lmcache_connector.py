@@ -134,6 +134,7 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
             chunk_tokens=int(self.scheduler_adapter.lmcache_tokens_per_chunk),
             event_log=handoff,
             run=run if handoff is not None else "",
+            beside_model=True,  # the step's pass runs while the model does
         )
         self._stats_source = metrics.StatsSource(self._lazy_offload_manager, handoff)
         self._chunk_tokens = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
@@ -235,6 +236,8 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
     def get_kv_connector_stats(self) -> metrics.LazyOffloadConnectorStats | None:
         """LMCache's lookup latencies since the last call plus lazy offload's
         counter deltas and changed gauges; None when nothing changed."""
+        if self._lazy_candidates:
+            self._lazy_offload_manager.settle()  # the step's pass may still write the state
         return metrics.get_stats(self._stats_source, super().get_kv_connector_stats())
 
     @classmethod

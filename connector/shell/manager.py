@@ -6,10 +6,12 @@ one object (``_lazy_offload_manager``) with nine methods; this class is that
 object. Each call becomes one observation event, which
 ``connector.shell.feeding`` applies (:func:`offload_fsm.drive`, the command
 loop against vLLM's ``BlockPool`` in ``connector.shell.pool_commands``, which
-also keeps the shell's records of what it pinned and submitted) and records:
-one core pass and one record per half step. What ``schedule()`` observes
-before the step is read waits and is applied where it is read; finishes and
-receipts are applied at once.
+also keeps the shell's records of what it pinned and submitted) and records.
+The step's work is one pass (:meth:`EventSourcedManager._pass`) that runs
+while the model does (``connector.shell.beside``): what ``schedule()``
+observed (arrivals, offers) and the last step's receipts wait for it; its
+stores go out with the next step. A finish is applied at once (its shield
+pins before vLLM frees the blocks).
 
 No business rule lives here: building stores is ``connector.shell.stores``, what
 a step's output says ``connector.shell.step_reading``, the log lines
@@ -21,11 +23,10 @@ workers still execute (``kv_connector_no_forward``): stores settle, a tail
 flush (``offload_fsm.rules.tail_flush``) or the shutdown flush
 (:meth:`shutdown_began`, from ``connector.shell.shutdown_signal``) goes out.
 
-Never take vLLM down. Everything runs on the vLLM scheduler thread, and no
-exception leaves these methods. On any failure, of the core (a rejected
-event, a core bug) or of the shell itself, the shell logs one error with the
-event's sequence number and the reason, records the applied events and the
-rejection in the event log, and switches to drain-only mode
+Never take vLLM down: no exception leaves these methods (``hooks.hook``).
+On any failure, of the core (a rejected event, a core bug) or of the shell,
+the shell logs one error (the event's sequence number, the reason), records
+the applied events and the rejection, and switches to drain-only mode
 (``offload_fsm.after_failure``): pins of ops LMCache never saw are released at
 once, pins of stores it was handed are kept until their receipts arrive (or
 their lease ends), sessions keep ending, nothing new is submitted, and vLLM
@@ -38,13 +39,15 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import Any, TypeVar
+from typing import Any
 
 from lmcache.integration.vllm.lazy_offload_manager import LazyOffloadActions
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 
 from connector.shell import blocks
+from connector.shell.beside import Beside, guard_pool
 from connector.shell.feeding import CoreFeed
+from connector.shell.hooks import hook
 from connector.shell.logs import get_logger
 from connector.shell.lookahead import Lookahead, missing_chunk_keys
 from connector.shell.narrator import Narrator, counters_line
@@ -56,28 +59,6 @@ from offload_fsm.after_failure import DrainOnly
 from offload_fsm.queries import has_in_flight, keeps_stepping
 from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
-
-_R = TypeVar("_R")
-
-
-
-def _hook(default: Callable[[], Any]) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
-    """A method vLLM (or LMCache for it) calls: whatever it raises stays here.
-    The error is logged once per method and ``default()`` is returned; the
-    core's own failures never get this far (``_guarded`` turns them into
-    drain-only mode), so this catches the shell's and the drain's."""
-
-    def wrap(method: Callable[..., _R]) -> Callable[..., _R]:
-        @functools.wraps(method)
-        def call(self: EventSourcedManager, *args: Any, **kwargs: Any) -> _R:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as error:
-                self._hook_failed(method.__name__, error)
-                return default()  # type: ignore[no-any-return]
-        return call
-
-    return wrap
 
 
 class EventSourcedManager:
@@ -95,14 +76,16 @@ class EventSourcedManager:
         clock: Callable[[], float] = time.monotonic,
         fingerprint: blocks.Fingerprint | None = None,
         run: str = "",
+        beside_model: bool = False,
     ) -> None:
-        """``event_log``: where applied events are recorded (``record``,
-        ``record_rejected``, ``close``): the hand-off to the recorder process
-        (``connector.handoff.sender.Handoff``) in vLLM, an in-process
-        ``connector.recorder.recording.EventRecorder`` in tests and benches, None with
-        the log off. ``fingerprint``: of a block hash (default: this run's
-        keyed one, ``blocks.fingerprinter``); ``run``: the event log's file
-        prefix, which every warning about a request carries ("": no log)."""
+        """``event_log``: where applied events are recorded (the hand-off,
+        ``connector.handoff.sender.Handoff``, in vLLM; an in-process
+        ``EventRecorder`` in tests and benches; None with the log off).
+        ``fingerprint``: of a block hash (default ``blocks.fingerprinter``).
+        ``run``: the log's file prefix, in every warning about a request;
+        ``beside_model``: the step's pass on a thread of its own
+        (``connector.shell.beside``), else inside ``on_scheduler_step``."""
+        self._beside = Beside(threaded=beside_model, failed=self.hook_failed)
         self.config = config
         self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
         self.state = new_state(config, world_size=world_size)
@@ -130,12 +113,17 @@ class EventSourcedManager:
         self._hooks_failed: set[str] = set()
         self._narrator = Narrator(self._log, clock, run=run)
         self._core = CoreFeed(self.state, self._reader, self._commands, self._narrator,
-                              event_log, self._hook_failed)
+                              event_log, self.hook_failed)
 
     @property
     def events_applied(self) -> int:
         """How many events the core has applied (and the log numbered)."""
+        self.settle()
         return self._core.seq
+
+    def settle(self) -> None:
+        """Wait for the step's pass: whoever reads ``state`` from outside calls this first."""
+        self._beside.settle()
 
     event_log = property(lambda self: self._core.event_log,
                          doc="Where applied events are recorded (``__init__``'s).")
@@ -157,10 +145,12 @@ class EventSourcedManager:
             raise ValueError("lazy offload is already bound to a different GPU block pool")
         if self._pool is None:
             blocks.report_resets(gpu_block_pool, self.reset_prefix_cache)
+            if self._beside.threaded:
+                guard_pool(gpu_block_pool, self._beside)
         self._pool = self._commands.pool = gpu_block_pool
         self._narrator.enabled(self.config)
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def offer_chunks(self, req_id: str, start_token: int, end_token: int,
                      group_block_ids: list[list[int]], source: StoreSource) -> None:
         """A request computed ``[start_token, end_token)`` (whole chunks, in
@@ -169,12 +159,13 @@ class EventSourcedManager:
 
         Called by the connector's lazy store-candidate path
         (``connector.shell.candidates``) while LMCache builds the step's metadata,
-        before ``on_scheduler_step``. Buffers the range (``CandidateOffered``
-        with the blocks' fingerprints); never stores it now."""
+        before ``on_scheduler_step``, whose pass buffers the range
+        (``CandidateOffered`` with the blocks' fingerprints); never stored now."""
         if self._pool is None:
             raise ValueError("lazy offload GPU block pool is not bound")
         if self._drain is None:
-            self._guarded(self._offer, (req_id, start_token, end_token, group_block_ids, source))
+            self._core.defer(functools.partial(self._offer, req_id, start_token, end_token,
+                                               group_block_ids, source, self._clock()))
 
     def add_store_candidate(self, metadata: LMCacheMPRequestMetadata) -> None:
         """LMCache's manager interface: ``metadata``'s STORE op as an offer
@@ -185,46 +176,52 @@ class EventSourcedManager:
                           StoreSource(tokens, len(tokens), metadata.cache_salt,
                                       metadata.request_configs))
 
-    @_hook(LazyOffloadActions)
+    @hook(LazyOffloadActions)
     def on_scheduler_step(self, scheduler_output: Any) -> LazyOffloadActions:
         """Called once per ``schedule()``, from ``build_connector_meta``, after
         this step's offers and before the metadata goes to the workers;
-        ``scheduler_output`` is read, never changed. We feed the step
-        (``StepScheduled``, or one more passed step: see :meth:`_step`), run
-        the core's commands (pins, hash reads, free-queue reads, releases)
-        and return the stores to put in this step's metadata and the
-        sessions to end. Never raises (``_hook``); in drain-only mode only
-        settles what is in flight."""
-        if self._drain is not None:
-            self._commands.execute_drained(self._drain.step(self._clock()))
-        elif self._pool is not None:
-            self._guarded(self._step, scheduler_output)
-        self._core.record()
-        return self._commands.take_actions()
+        ``scheduler_output`` is read, never changed, and read only until the
+        next hook. Returns the stores the last step's pass submitted and the
+        sessions to end, and starts this step's pass (:meth:`_pass`), beside
+        the model or now. Never raises (``hooks.hook``)."""
+        actions = self._commands.take_actions()
+        self._beside.start(functools.partial(self._pass, scheduler_output, self._clock()))
+        return actions
 
-    @_hook(LazyOffloadActions)
+    def _pass(self, scheduler_output: Any, time_s: float) -> None:
+        """The step's pass (``connector.shell.beside``): the step's offers,
+        then the step (``StepScheduled``, or one more passed step: see
+        :meth:`_step`), the core's commands (pins, hash reads, free-queue
+        reads, releases, stores built), and the record. In drain-only mode
+        it only settles what is in flight."""
+        if self._drain is not None:
+            self._commands.execute_drained(self._drain.step(time_s))
+        elif self._pool is not None:
+            self._guarded(self._step, (scheduler_output, time_s))
+        self._core.record()
+
+    @hook(LazyOffloadActions)
     def on_store_results(
         self, failed_request_ids: set[str], completed_store_counts: dict[str, int]
     ) -> LazyOffloadActions:
         """Called from ``update_connector_output`` every step with the
         workers' store receipts (per request, how many workers finished its
         store; the requests whose store failed on some worker). An empty
-        call applies nothing. Otherwise ``ReceiptsArrived``: a batch every
-        worker reported is settled and its pins released; a failure drops
-        the request's later buffered ops. Returns the sessions that can now
-        end. Never raises."""
+        call applies nothing. Otherwise ``ReceiptsArrived``, applied first by
+        the next pass or feed: a batch every worker reported is settled, its
+        pins released; a failure drops the request's later buffered ops.
+        Returns the sessions to end. Never raises."""
         if self._drain is not None:
             self._commands.execute_drained(
                 self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
-            self._guarded(self._core.feed, events.ReceiptsArrived(
+            self._core.defer(events.ReceiptsArrived(
                 completed=tuple(sorted(completed_store_counts.items())),
                 failed=tuple(sorted(failed_request_ids)),
             ))
-        self._core.record()
-        return self._commands.take_actions()
+        return self._commands.take_sessions()
 
-    @_hook(LazyOffloadActions)
+    @hook(LazyOffloadActions)
     def on_request_finished(self, request_id: str) -> LazyOffloadActions:
         """Called from ``request_finished``, before vLLM frees the request's
         blocks (they join the free queue's tail next). ``RequestFinished``
@@ -236,9 +233,9 @@ class EventSourcedManager:
             self._commands.execute_drained(self._drain.finished(request_id))
         else:
             self._guarded(self._finish, request_id)
-        return self._commands.take_actions()
+        return self._commands.take_sessions()
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
         """LMCache recreates a preempted request's tracker: the request
         restarts from token 0. ``RequestPreempted``: its buffered ops are
@@ -247,7 +244,7 @@ class EventSourcedManager:
         if self._drain is None:
             self._guarded(self._core.feed, events.RequestPreempted(req_id=request_id))
 
-    @_hook(LazyOffloadActions)
+    @hook(LazyOffloadActions)
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
         """LMCache creates a request's tracker (a new request, or an id reused
         while the predecessor's teardown was deferred). ``RequestArrived``;
@@ -257,9 +254,9 @@ class EventSourcedManager:
             self._drain.arrived(request_id)
         else:
             self._guarded(self._arrive, request_id)
-        return self._commands.take_actions()
+        return self._commands.take_sessions()
 
-    @_hook(lambda: False)
+    @hook(lambda: False)
     def has_inflight_store_work(self) -> bool:
         """vLLM asks (``Scheduler.has_requests`` through LMCache's
         ``has_pending_push_work``) whether to keep stepping with no request:
@@ -282,28 +279,24 @@ class EventSourcedManager:
             self._seal_early()
         return busy
 
-    @_hook(lambda: None)
+    @hook(lambda: None, settle=False)  # a signal handler must not wait for the pass
     def shutdown_began(self) -> None:
-        """vLLM's engine process got SIGTERM/SIGINT (``connector.shell.shutdown_signal``).
-        Runs inside a signal handler: it only notes it (and, with a shutdown
-        flush on, the time; the next step feeds ``ShutdownBegan``)."""
+        """vLLM's engine got SIGTERM/SIGINT (``shutdown_signal``): noted, and with a
+        shutdown flush on, its time (the next step feeds ``ShutdownBegan``)."""
         self._signal_seen = True
         if self._shutdown_signal_s is None and self.config.shutdown_flush_s > 0:
             self._shutdown_signal_s = self._clock()
 
     def _seal_early(self) -> None:
-        """After the signal, vLLM asks for work only once its scheduler holds
-        no request, and leaves its busy loop when we answer no. It then stops
-        its workers (their grace is 5 s) before it calls our shutdown, and
-        kills the engine process 5 s after the signal unless told otherwise:
-        so the ledger line and the log's END are written now, nothing being
-        in flight. A callback still to come (a request vLLM takes in while it
-        shuts down) finds a drain-only shell: no store, sessions still end."""
+        """After the signal, vLLM leaves its busy loop at our first "no work",
+        stops its workers, then calls our shutdown, and kills the engine 5 s
+        after the signal: so the ledger line and the log's END are written
+        now, nothing in flight. A later callback finds a drain-only shell."""
         self._close()
         self._late = self._drain = DrainOnly(world_size=self.state.world_size,
                                              lease_s=self.config.receipt_lease_s)
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def log_final_stats(self) -> None:
         """vLLM's connector shutdown (LMCache's ``shutdown``). Feeds
         ``ShutdownRequested`` (what is buffered is dropped and counted, what
@@ -326,6 +319,7 @@ class EventSourcedManager:
             if self._drain is None:
                 self._guarded(self._core.feed, events.ShutdownRequested())
                 self._commands.submitted.clear()  # shutdown abandoned every batch it held
+                self._commands.drop_stores()  # not handed to LMCache yet: abandoned too
                 self._narrator.left_at_shutdown(self.state,
                                                 signal_seen=self._shutdown_signal_s is not None)
             if self._drain is not None:
@@ -337,19 +331,17 @@ class EventSourcedManager:
             if self._core.event_log is not None:
                 # A closed state's digest means nothing to replay.
                 self._core.event_log.close(self.state if self._drain is None else None)
+            self._beside.close()  # what comes after runs on vLLM's thread
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def reset_prefix_cache(self) -> None:
-        """vLLM reset its prefix cache: every buffered op's blocks may now
-        hold other content. ``PrefixCacheReset`` drops them (cause
-        ``cache_reset``). Called by the block pool's own reset
-        (:func:`_report_resets`): vLLM tells no connector of
-        ``LLM.reset_prefix_cache()`` unless asked to reset the connector's
-        cache too. Never raises."""
+        """vLLM reset its prefix cache (the pool's own reset tells us:
+        ``blocks.report_resets``): ``PrefixCacheReset`` drops every buffered
+        op (cause ``cache_reset``). Never raises."""
         if self._drain is None:
             self._guarded(self._core.feed, events.PrefixCacheReset())
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def on_lookup_result(
         self, request_id: str, hit_tokens: int, block_hashes: Sequence[Any],
         pool_hash: Callable[[Any], Any],
@@ -371,7 +363,7 @@ class EventSourcedManager:
         if keys:
             self._guarded(self._core.feed, events.ChunksMissing(chunk_keys=keys))
 
-    @_hook(lambda: None)
+    @hook(lambda: None)
     def on_lookup_answered(self, request_id: str, *, prompt_tokens: int, local_tokens: int,
                            hit_tokens: int, loads_async: bool) -> None:
         """LMCache answered ``request_id``'s lookup (``hit_tokens`` to load
@@ -394,23 +386,25 @@ class EventSourcedManager:
 
     # -- observations -----------------------------------------------------
 
-    def _offer(self, offer: tuple[str, int, int, list[list[int]], StoreSource]) -> None:
-        req_id, start, end, group_block_ids, source = offer
+    def _offer(self, req_id: str, start: int, end: int, group_block_ids: list[list[int]],
+               source: StoreSource, time_s: float) -> events.CandidateOffered:
+        """An offer as the core takes it, built where it is applied."""
         self._commands.stores.offered(req_id, start, end, group_block_ids, source)
         block_ids = tuple(group_block_ids[0]) if len(group_block_ids) == 1 else \
             tuple(chain.from_iterable(group_block_ids))
-        self._core.defer(events.CandidateOffered(
+        return events.CandidateOffered(
             req_id=req_id, start_token=start, end_token=end, block_ids=block_ids,
             block_hashes=blocks.hashes_of(self._pool, block_ids, self._fingerprint),
-            time_s=self._clock(), blocks_per_chunk=self._blocks_per_chunk,
-        ))
+            time_s=time_s, blocks_per_chunk=self._blocks_per_chunk,
+        )
 
-    def _step(self, scheduler_output: Any) -> None:
+    def _step(self, step: tuple[Any, float]) -> None:
         """One scheduler step: a ``StepScheduled`` (the core plans a drain),
         or, when the core says the step passes (``queries.step_passes``: no
         buffered block in the window, nothing reallocated, shielded, overdue
         or at its lease), one more step in the run the next ``StepsPassed``
         reports: no core step and nothing recorded now."""
+        scheduler_output, time_s = step
         if self._shutdown_signal_s is not None and not self._shutdown_fed:
             self._shutdown_fed = True
             self._core.feed(events.ShutdownBegan(
@@ -419,7 +413,7 @@ class EventSourcedManager:
                            ready_requests=len(self.state.ready),
                            wait_s=self.config.shutdown_flush_s)
         self._core.apply_pending()
-        seen = self._reader.read(self.state, scheduler_output, self._pool, time_s=self._clock())
+        seen = self._reader.read(self.state, scheduler_output, self._pool, time_s=time_s)
         if seen is not None:
             self._core.feed(seen)
         elif self._reader.run_full:
@@ -443,11 +437,9 @@ class EventSourcedManager:
                            "was deferred; released the predecessor's session",
                            req_id=request_id)
 
-    # -- the command loop -------------------------------------------------
-
     # -- failure: drain-only mode -----------------------------------------
 
-    def _hook_failed(self, name: str, error: Exception) -> None:
+    def hook_failed(self, name: str, error: Exception) -> None:
         if name not in self._hooks_failed:
             self._hooks_failed.add(name)
             self._log.error("lazy offload: a call from vLLM failed; vLLM goes on (logged "
@@ -493,7 +485,11 @@ class EventSourcedManager:
             self.state, self._commands.submitted, self._commands.held, self._clock(), unexecuted)
         self._commands.execute_drained(commands)
         self._commands.stores.clear()
-        # Observed, never applied: drain-only takes no offer, and an arrival
-        # waits only for an id with nothing in flight (a reused one applies at once).
-        self._core.drop_pending()
+        # Observed, never applied: drain-only takes no offer, an arrival waits
+        # only for an id with nothing in flight (a reused one applies at once),
+        # and receipts settle what the drain now holds.
+        for pending in self._core.drop_pending():
+            if type(pending) is events.ReceiptsArrived:
+                self._commands.execute_drained(self._drain.receipts(
+                    dict(pending.completed), set(pending.failed)))
         self._narrator.stopped(self._drain, seq=self._core.seq, event=event, reason=reason)

@@ -117,8 +117,22 @@ class PoolCommands:
         return len(self._actions.sessions_to_end)
 
     def take_actions(self) -> LazyOffloadActions:
+        """The stores and sessions to end so far (for ``on_scheduler_step``)."""
         actions, self._actions = self._actions, LazyOffloadActions()
         return actions
+
+    def take_sessions(self) -> LazyOffloadActions:
+        """The sessions to end so far; the stores wait for the next step
+        (LMCache takes stores from ``on_scheduler_step`` only)."""
+        ended = self._actions.sessions_to_end
+        if not ended:
+            return LazyOffloadActions()
+        self._actions.sessions_to_end = []
+        return LazyOffloadActions(sessions_to_end=ended)
+
+    def drop_stores(self) -> None:
+        """Forget the stores not yet handed to LMCache (shutdown abandoned them)."""
+        self._actions.stores_to_submit.clear()
 
     def _unhold(self, block_ids: tuple[int, ...]) -> None:
         held = self.held
