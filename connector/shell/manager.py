@@ -121,8 +121,7 @@ class EventSourcedManager:
         self.settle()
         return self._core.seq
 
-    def settle(self) -> None:
-        """Wait for the step's pass: whoever reads ``state`` from outside calls this first."""
+    def settle(self) -> None:  # whoever reads ``state`` from outside calls this first
         self._beside.settle()
 
     event_log = property(lambda self: self._core.event_log,
@@ -131,6 +130,7 @@ class EventSourcedManager:
     @property
     def draining(self) -> bool:
         """Whether the shell stopped offloading and only drains (see above)."""
+        self.settle()
         return self._drain is not None
 
     # -- the LMCache manager interface -----------------------------------
@@ -181,19 +181,21 @@ class EventSourcedManager:
         """Called once per ``schedule()``, from ``build_connector_meta``, after
         this step's offers and before the metadata goes to the workers;
         ``scheduler_output`` is read, never changed, and read only until the
-        next hook. Returns the stores the last step's pass submitted and the
-        sessions to end, and starts this step's pass (:meth:`_pass`), beside
-        the model or now. Never raises (``hooks.hook``)."""
-        actions = self._commands.take_actions()
-        self._beside.start(functools.partial(self._pass, scheduler_output, self._clock()))
+        next hook. Starts this step's pass (:meth:`_pass`), beside the model
+        or now, and returns the stores and the sessions to end of the passes
+        finished by then: beside the model the last step's, else this one's.
+        Never raises (``hooks.hook``)."""
+        step_pass = functools.partial(self._pass, scheduler_output, self._clock())
+        if not self._beside.threaded:
+            self._beside.start(step_pass)
+            return self._commands.take_actions()
+        actions = self._commands.take_actions()  # before the pass adds to them
+        self._beside.start(step_pass)
         return actions
 
     def _pass(self, scheduler_output: Any, time_s: float) -> None:
-        """The step's pass (``connector.shell.beside``): the step's offers,
-        then the step (``StepScheduled``, or one more passed step: see
-        :meth:`_step`), the core's commands (pins, hash reads, free-queue
-        reads, releases, stores built), and the record. In drain-only mode
-        it only settles what is in flight."""
+        """The step's pass (``beside``): what waits, the step (:meth:`_step`)
+        and its commands, the record; drain-only, it settles what is in flight."""
         if self._drain is not None:
             self._commands.execute_drained(self._drain.step(time_s))
         elif self._pool is not None:
@@ -207,18 +209,22 @@ class EventSourcedManager:
         """Called from ``update_connector_output`` every step with the
         workers' store receipts (per request, how many workers finished its
         store; the requests whose store failed on some worker). An empty
-        call applies nothing. Otherwise ``ReceiptsArrived``, applied first by
-        the next pass or feed: a batch every worker reported is settled, its
-        pins released; a failure drops the request's later buffered ops.
-        Returns the sessions to end. Never raises."""
+        call applies nothing. Otherwise ``ReceiptsArrived`` (beside the model,
+        applied first by the next pass or feed): a batch every worker
+        reported is settled, its pins released; a failure drops the
+        request's later buffered ops. Returns the sessions to end. Never raises."""
         if self._drain is not None:
             self._commands.execute_drained(
                 self._drain.receipts(completed_store_counts, failed_request_ids))
         elif completed_store_counts or failed_request_ids:  # vLLM calls every step
-            self._core.defer(events.ReceiptsArrived(
+            receipts = events.ReceiptsArrived(
                 completed=tuple(sorted(completed_store_counts.items())),
-                failed=tuple(sorted(failed_request_ids)),
-            ))
+                failed=tuple(sorted(failed_request_ids)))
+            if self._beside.threaded:
+                self._core.defer(receipts)
+            else:
+                self._guarded(self._core.feed, receipts)
+                self._core.record()
         return self._commands.take_sessions()
 
     @hook(LazyOffloadActions)
@@ -237,10 +243,9 @@ class EventSourcedManager:
 
     @hook(lambda: None)
     def on_request_reset(self, request_id: str) -> None:
-        """LMCache recreates a preempted request's tracker: the request
-        restarts from token 0. ``RequestPreempted``: its buffered ops are
-        dropped and a batch in flight is orphaned (its receipts still release
-        its pins). Never raises."""
+        """LMCache recreates a preempted request's tracker (it restarts at
+        token 0). ``RequestPreempted``: its buffered ops are dropped, a batch in
+        flight orphaned (its receipts still release its pins). Never raises."""
         if self._drain is None:
             self._guarded(self._core.feed, events.RequestPreempted(req_id=request_id))
 
@@ -248,8 +253,7 @@ class EventSourcedManager:
     def on_request_arrived(self, request_id: str) -> LazyOffloadActions:
         """LMCache creates a request's tracker (a new request, or an id reused
         while the predecessor's teardown was deferred). ``RequestArrived``;
-        returns the predecessor's session to end first, if any. Never
-        raises."""
+        returns the predecessor's session to end first, if any. Never raises."""
         if self._drain is not None:
             self._drain.arrived(request_id)
         else:

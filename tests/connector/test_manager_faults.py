@@ -40,9 +40,10 @@ class Shell:
     """One manager over a real block pool, and a scripted scheduler."""
 
     def __init__(self, *, log_dir: str | None = None, chunk_tokens: int = 0,
-                 **config: Any) -> None:
+                 beside: bool = False, **config: Any) -> None:
         """``log_dir``: record an event log there (``connector.recorder.recording``);
-        ``chunk_tokens``: LMCache's chunk (0: chunk-level dedup off)."""
+        ``chunk_tokens``: LMCache's chunk (0: chunk-level dedup off); ``beside``:
+        the step's pass on its own thread (``connector.shell.beside``)."""
         self.pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=BLOCK)
         self.clock = Clock()
         settings = {"policy": Policy.FIFO, "threshold": 1, "select_count": 100, **config}
@@ -51,7 +52,7 @@ class Shell:
             offload, 1, log_dir, {"package": "test", "vllm": "", "lmcache": ""})
         self.mgr = EventSourcedManager(offload, world_size=1, group_tokens_per_block=[BLOCK],
                                        clock=self.clock, event_log=recorder,
-                                       chunk_tokens=chunk_tokens)
+                                       chunk_tokens=chunk_tokens, beside_model=beside)
         self.mgr.bind_block_pool(self.pool)
         self.blocks: dict[str, list[int]] = {}
         self.submitted: list[str] = []
