@@ -37,6 +37,7 @@ waiting and runs later passes inline.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, Final
@@ -138,36 +139,30 @@ class Beside:
 
 def guard_pool(pool: Any, beside: Beside) -> None:
     """Make every public method of ``pool`` settle ``beside`` before it runs
-    while a pass is in flight (:meth:`Beside.guard`). Armed, each method is an instance
-    attribute that settles and then calls the method it covers; the settle
-    disarms them all (the instance attributes that were there before, such
-    as ``blocks.report_resets``' wrapper, come back), so between passes vLLM
-    calls the pool's own methods at no cost. The pass's own calls go
-    straight through."""
+    while a pass is in flight (:meth:`Beside.guard`). Armed, each method is an
+    instance attribute that settles and then calls what it covers (the
+    pool's method, or the instance attribute already there, such as
+    ``blocks.report_resets``' wrapper); the settle disarms them all, so
+    between passes vLLM calls what it called before, at no cost. The pass's
+    own calls go straight through. The wrappers are made once: arming and
+    disarming allocate nothing."""
     names = [name for name in dir(type(pool))
              if not name.startswith("_") and callable(getattr(type(pool), name, None))]
-    saved: dict[str, Any] = {}
+    saved = {name: pool.__dict__[name] for name in names if name in pool.__dict__}
 
-    def arm() -> None:
-        saved.clear()
-        saved.update((name, pool.__dict__[name]) for name in names if name in pool.__dict__)
-        for name in names:
-            setattr(pool, name, _guarded(name))
-
-    def disarm() -> None:
-        for name in names:
-            if name in saved:
-                setattr(pool, name, saved[name])
-            else:
-                pool.__dict__.pop(name, None)
-
-    def _guarded(name: str) -> Callable[..., Any]:
-        covered = saved.get(name) or getattr(type(pool), name).__get__(pool)
-
+    def guarded(covered: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if not beside.in_pass():
                 beside.settle()
             return covered(*args, **kwargs)
         return call
 
-    beside.guard(arm, disarm)
+    wrappers = {name: guarded(saved.get(name) or getattr(pool, name)) for name in names}
+    unsaved = [name for name in names if name not in saved]
+
+    def disarm() -> None:
+        pool.__dict__.update(saved)
+        for name in unsaved:
+            pool.__dict__.pop(name, None)
+
+    beside.guard(functools.partial(pool.__dict__.update, wrappers), disarm)
