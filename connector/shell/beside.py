@@ -21,18 +21,17 @@ touches the block pool then: ``schedule()`` has allocated, and
 (``request_finished``). A pass started at the end of ``schedule()`` (in
 ``build_connector_meta``) therefore reads the free queue and the blocks'
 hashes as the next ``schedule()`` will first find them, and its pins land
-before that ``schedule()`` allocates, as they did when the pass ran inside
-``build_connector_meta``. What moves is where the time goes: into the
-model's time instead of the step's. The pass's stores go out with the next
+before that ``schedule()`` allocates. Its time is the model's, not the
+step's. The pass's stores go out with the next
 step's connector metadata (one step later; their blocks stay pinned
 meanwhile). Where vLLM overlaps steps (async scheduling) or the model is
 quicker than the pass, the pool guard makes the next pool call wait for the
 pass instead of racing it.
 
 Failures: a pass's own failures are the manager's (``_guarded``, drain-only
-mode); anything that escapes it is reported to ``failed`` and the thread
-goes on. A thread that died is noticed by :meth:`settle`, which then stops
-waiting and runs later passes inline.
+mode); an exception that escapes it is reported to ``failed`` and the thread
+goes on. Whatever ends the thread (``SystemExit``) still ends the pass, and
+later passes run inline.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from typing import Any, Final
 
 __all__ = ["Beside", "guard_pool"]
 
-_POLL_S: Final = 1.0  # how often a waiting settle checks that the thread still lives
+_JOIN_S: Final = 1.0  # how long close waits for the thread to end
 
 
 class Beside:
@@ -97,10 +96,7 @@ class Beside:
         thread = self._thread
         if thread is not None and threading.get_ident() == thread.ident:
             return
-        while not self._idle.wait(_POLL_S):
-            if thread is None or not thread.is_alive():
-                self._thread = None
-                self._idle.set()
+        self._idle.wait()
         if self._armed and self._disarm is not None:
             self._armed = False
             self._disarm()
@@ -117,7 +113,7 @@ class Beside:
         if thread is not None and thread.is_alive():
             self._job = None
             self._go.release()
-            thread.join(timeout=_POLL_S)
+            thread.join(timeout=_JOIN_S)
 
     def _run(self) -> None:
         while True:

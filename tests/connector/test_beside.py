@@ -5,6 +5,7 @@ next pass, and its failures and shutdown lose nothing."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -79,6 +80,21 @@ def test_a_pass_that_raises_is_reported_and_the_next_one_runs() -> None:
     beside.settle()
     assert done.is_set() and beside.threaded
     beside.close()
+
+
+def test_a_pass_that_ends_the_thread_still_ends_and_later_passes_run_inline() -> None:
+    beside = Beside(threaded=True, failed=_failed)
+    beside.start(lambda: sys.exit("the thread ends"))
+    waiter = threading.Thread(target=beside.settle, daemon=True)
+    waiter.start()
+    waiter.join(WAIT_S)
+    assert not waiter.is_alive()
+    deadline = time.monotonic() + WAIT_S
+    while beside.threaded and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ran_on: list[int] = []
+    beside.start(lambda: ran_on.append(threading.get_ident()))
+    assert ran_on == [threading.get_ident()]
 
 
 def test_vllm_s_pool_calls_wait_for_the_pass_then_run_unguarded() -> None:
