@@ -41,6 +41,7 @@ from connector.shell.step_reading import StepReader
 from offload_fsm import drive
 from offload_fsm.state import State
 from offload_fsm.vocabulary import events
+from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
@@ -133,6 +134,24 @@ class CoreFeed:
             self.event_log.record(unrecorded, self.state)
         except Exception as error:  # the log's failure, not offload's: never drain-only
             self._failed("record", error)
+
+    def record_failure(self, error: Exception, log_error: Callable[..., Any]) -> None:
+        """Record what applied before a failure, then the failed drive's own
+        applied events (a rejection's ``record_rejected`` records them before
+        its REJECTED); a log that cannot is reported, never raised."""
+        try:
+            if isinstance(error, StepFailed):
+                self.record()
+                self.noted(error.applied)
+                if self.event_log is not None:
+                    self.event_log.record_rejected(error.applied, error.event, error.reason,
+                                                   self.state)
+            else:
+                if isinstance(error, CommandFailed):
+                    self.applied(error.applied)
+                self.record()
+        except Exception as secondary:
+            log_error("lazy offload: could not record the failure", reason=repr(secondary))
 
     def _drive(self, event: Event) -> None:
         if self._reader.passed:

@@ -213,6 +213,15 @@ class EventSourcedLMCacheMPConnector(LMCacheMPConnector):  # type: ignore[misc]
         manager.offer_chunks(tracker.request_id, start, end, group_block_ids,
                              source_of(tracker))
 
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """LMCache's; then, with lazy offload, the step's pass starts
+        (``connector.shell.beside``), after LMCache's own per-step I/O: a pass
+        that took the GIL at that I/O would hold the step up."""
+        metadata = super().build_connector_meta(scheduler_output)
+        if self._lazy_candidates:
+            self._lazy_offload_manager.start_pass()
+        return metadata
+
     # -- fail fast: vLLM calls these with the config before weights load ---
 
     @classmethod

@@ -86,6 +86,7 @@ class EventSourcedManager:
         ``beside_model``: the step's pass on a thread of its own
         (``connector.shell.beside``), else inside ``on_scheduler_step``."""
         self._beside = Beside(threaded=beside_model, failed=self.hook_failed)
+        self._pending_pass: Callable[[], None] | None = None  # see :meth:`start_pass`
         self.config = config
         self._fingerprint = fingerprint if fingerprint is not None else blocks.fingerprinter()
         self.state = new_state(config, world_size=world_size)
@@ -122,7 +123,16 @@ class EventSourcedManager:
         return self._core.seq
 
     def settle(self) -> None:  # whoever reads ``state`` from outside calls this first
+        self.start_pass()
         self._beside.settle()
+
+    def start_pass(self) -> None:
+        """Start the pass :meth:`on_scheduler_step` left (the connector calls
+        this once LMCache's ``build_connector_meta`` is done, so the pass does
+        not take the GIL while the step still needs it); any hook does it."""
+        pending, self._pending_pass = self._pending_pass, None
+        if pending is not None:
+            self._beside.start(pending)
 
     event_log = property(lambda self: self._core.event_log,
                          doc="Where applied events are recorded (``__init__``'s).")
@@ -181,17 +191,15 @@ class EventSourcedManager:
         """Called once per ``schedule()``, from ``build_connector_meta``, after
         this step's offers and before the metadata goes to the workers;
         ``scheduler_output`` is read, never changed, and read only until the
-        next hook. Starts this step's pass (:meth:`_pass`), beside the model
-        or now, and returns the stores and the sessions to end of the passes
-        finished by then: beside the model the last step's, else this one's.
-        Never raises (``hooks.hook``)."""
+        next hook. Runs this step's pass (:meth:`_pass`) now, or leaves it
+        for :meth:`start_pass` beside the model, and returns the stores and
+        sessions to end of the passes finished by then. Never raises."""
         step_pass = functools.partial(self._pass, scheduler_output, self._clock())
         if not self._beside.threaded:
             self._beside.start(step_pass)
-            return self._commands.take_actions()
-        actions = self._commands.take_actions()  # before the pass adds to them
-        self._beside.start(step_pass)
-        return actions
+        else:
+            self._pending_pass = step_pass
+        return self._commands.take_actions()
 
     def _pass(self, scheduler_output: Any, time_s: float) -> None:
         """The step's pass (``beside``): what waits, the step (:meth:`_step`)
@@ -465,24 +473,7 @@ class EventSourcedManager:
     def _fail(self, error: Exception) -> None:
         event: Any = error.event if isinstance(error, StepFailed) else None
         reason = getattr(error, "reason", None) or f"{type(error).__name__}: {error}"
-        try:
-            # What applied before the failure is recorded first; the failed
-            # drive's events did apply too: note them, and record them (a
-            # rejection's record_rejected records them before its REJECTED).
-            core = self._core
-            if isinstance(error, StepFailed):
-                core.record()
-                core.noted(error.applied)
-                if core.event_log is not None:
-                    core.event_log.record_rejected(error.applied, event, error.reason,
-                                                   self.state)
-            else:
-                if isinstance(error, CommandFailed):
-                    core.applied(error.applied)
-                core.record()
-        except Exception as secondary:
-            self._log.error("lazy offload: could not record the failure",
-                            reason=repr(secondary))
+        self._core.record_failure(error, self._log.error)
         self._reader.passed.clear()  # the core is closed: they have nowhere to go
         unexecuted = error.unexecuted if isinstance(error, CommandFailed) else ()
         self._drain, commands = DrainOnly.take_over(

@@ -89,6 +89,7 @@ class Shell:
                                                   new_block_ids=[]),
         )
         self._take(self.mgr.on_scheduler_step(output))
+        self.mgr.start_pass()  # as the connector does after LMCache's build_connector_meta
 
     def receipts(self, completed: dict[str, int], failed: set[str] | None = None) -> None:
         self._take(self.mgr.on_store_results(failed or set(), completed))
