@@ -18,8 +18,8 @@ vLLM's engine loop is ``schedule()``, the forward pass, then
 runs (it blocks on the workers' output, the GIL released), and nothing
 touches the block pool then: ``schedule()`` has allocated, and
 ``update_from_output()`` frees only after it calls the connector
-(``request_finished``). A pass started at the end of ``schedule()`` (in
-``build_connector_meta``) therefore reads the free queue and the blocks'
+(``request_finished``). A pass started at the end of ``schedule()`` (once
+``build_connector_meta`` is done) therefore reads the free queue and the blocks'
 hashes as the next ``schedule()`` will first find them, and its pins land
 before that ``schedule()`` allocates. Its time is the model's, not the
 step's. The pass's stores go out with the next
@@ -91,10 +91,7 @@ class Beside:
     def settle(self) -> None:
         """Return once no pass runs (the guard disarmed). On the pass's own
         thread, at once."""
-        if self._idle.is_set() and not self._armed:
-            return
-        thread = self._thread
-        if thread is not None and threading.get_ident() == thread.ident:
+        if (self._idle.is_set() and not self._armed) or self.in_pass():
             return
         self._idle.wait()
         if self._armed and self._disarm is not None:

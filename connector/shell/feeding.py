@@ -26,7 +26,8 @@ with a call and a record per event, and the log holds the same events.
 
 On a failure (``drive`` raises), the events before the failing one are
 applied and noted; the rest stay pending for the manager's drain-only
-takeover, which drops them (:meth:`CoreFeed.drop_pending`).
+takeover, which drops them (:meth:`CoreFeed.drop_pending`; receipts among
+them go to the drain).
 """
 
 from __future__ import annotations
