@@ -9,8 +9,8 @@ Contract: :func:`install` wraps, for one arm, in place:
 * every scheduler-side connector method vLLM's ``Scheduler`` calls: its wall
   time, less the instrumentation inside it, is added to
   :attr:`Clocks.conn_s`; ``build_connector_meta`` (where the lazy managers
-  drain) tells a lazy arm's listener before and after (``before_drain``,
-  ``after_drain``), and ``request_finished(_all_groups)`` tells every listener
+  drain) tells LMCache's lazy managers' listener before (``before_drain``),
+  and ``request_finished(_all_groups)`` tells every listener
   after (``on_finished``);
 * a lazy manager's offers (ours: ``offer_chunks``; LMCache's: ``add_store_candidate``;
   the listener's ``on_offered``, after the view counted the offer) and, for LMCache's managers, its
@@ -87,14 +87,11 @@ def install(*, pool: Any, connector: Any, view: ManagerView, lazy: bool, clocks:
         _wrap_policy_drain(view, clocks)
         listener.before_drain()
 
-    def after_drain(_meta: Any, *_: Any) -> None:
-        listener.after_drain()
-
     def after_finished(returned: Any, request: Any, *_: Any) -> None:
         listener.on_finished(returned, request)
 
-    _timed(clocks, connector, "build_connector_meta", pre=before_drain if lazy else None,
-           post=after_drain if lazy else None)
+    _timed(clocks, connector, "build_connector_meta",
+           pre=before_drain if lazy and not view.ours else None)
     _timed(clocks, connector, "update_connector_output")
     _timed(clocks, connector, "request_finished_all_groups", post=after_finished)
     _timed(clocks, connector, "request_finished", post=after_finished)

@@ -14,11 +14,14 @@ Theory of operation, per step::
 
     release due turns -> scheduler.add_request       (prompts keyed for ground truth)
     so = scheduler.schedule()                        # timed (connector part timed too)
+    loss attribution's free-queue snapshot           # ours: here, before its pass runs
+                                                     # (LMCache's: in build_connector_meta)
     workers: STOREs submitted, receipts after the ranks' delays (maybe failed);
              RETRIEVEs finished now; eager delayed frees once the request's stores
              are done                                # bench.sim.workers
     model: the next scripted token for every request past its prompt
-    (SimParams.model_ms asleep: in no timer)
+    (SimParams.model_ms asleep: in no timer; ours' pass runs meanwhile)
+    loss attribution: what the drain pinned
     scheduler.update_from_output(so, ModelRunnerOutput)   # timed
     finished turns -> their sessions' next turns; the Request let go
 
@@ -162,8 +165,12 @@ class Sim:
             res.preemptions += len(so.preempted_req_ids)
         mro = self._model_output(so, self.workers.output(so, step))
         res.computed_tokens += so.total_num_scheduled_tokens
+        if self.arm.lazy and self.view.ours:  # ours drains beside the model, from here
+            self.before_drain()
         if self.p.model_ms:  # between the two timed calls: in no timer
             time.sleep(self.p.model_ms / 1e3)
+        if self.arm.lazy:  # the drain is over (ours' pass: a pool read waits for it)
+            self.after_drain()
         i2 = clocks.instr_s
         t2 = time.perf_counter()
         self.scheduler.update_from_output(so, mro)
