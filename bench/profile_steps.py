@@ -7,10 +7,14 @@ Runs ``bench.simulate`` with the same arguments, with the connector's
 scheduler-side phases wrapped (wall time, inclusive; a phase inside another
 is counted in both), and after each simulated step files what each phase
 took in that step beside the step's connector time as the simulator measures
-it. Prints, per connector arm (ours and LMCache's own, so ``--arms "stock
-eager,ours EA"`` puts the same LMCache code side by side), for the slowest
-1 % of steps and for the 100 steps around the median, the mean per step of
-each phase:
+it (the scheduler thread's). A phase timed on another thread is filed as
+``<phase> (beside)``: the step's pass (``connector.shell.beside``: ``step``,
+its ``core``, ``commands``, ``fingerprints``, ``offer`` and ``record``, run
+while the model does) and the hand-off's I/O thread (``record I/O``), both
+under whichever step they ran beside. Prints, per connector arm (ours and
+LMCache's own, so ``--arms "stock eager,ours EA"`` puts the same LMCache
+code side by side), for the slowest 1 % of steps and for the 100 steps
+around the median, the mean per step of each phase:
 
 * ``build_connector_meta`` (LMCache's, with ``offer`` and ``step`` inside);
 * ``offer``: ``offer_chunks`` (fingerprints, ``CandidateOffered``);
@@ -26,12 +30,10 @@ each phase:
   inside it ``record pack`` (each record call's events to wire form and msgpack),
   ``record service`` (replies and liveness on the scheduler thread: at the
   close, or with no I/O thread) and ``record send`` (a step's message appended
-  to the open frame); ``record I/O (its thread)``: the hand-off's I/O thread's
-  turns (frames to ZeroMQ, replies, liveness), not on the scheduler thread,
-  filed under whichever step they ran beside;
+  to the open frame); ``record I/O``: the hand-off's I/O thread's turns
+  (frames to ZeroMQ, replies, liveness);
 * ``lookup`` (LMCache's, with ``lookup_feedback``: ``ChunksMissing``);
-* ``stats``: ``get_kv_connector_stats``'s ``collect``; ``receipts``, ``finished``,
-  ``update_connector_output``;
+* ``stats`` (``collect``), ``receipts``, ``finished``, ``update_connector_output``;
 * LMCache's own parts of ``build_connector_meta``: ``lmc new requests``,
   ``lmc cached requests`` and ``lmc GetStoreMetadata`` (eager only: ours takes
   the lazy store-candidate path, ``candidates new requests`` and ``candidates
@@ -45,26 +47,21 @@ each phase:
   recorder process, whose collections are not here).
 
 The same reports for the slowest 1 % ranked by connector time less its
-collections (what the p99 would be made of without the collector), and,
-over every step, the connector's p50 / p99 with and without them; then the
-100 steps around the median of each backlog bucket (buffered ops at the
-step's start: 0-99, 100-999, 1000+), which shows the per-step work that
+collections, and over every step the connector's p50 / p99 with and without
+them; then the 100 steps around the median of each backlog bucket (buffered
+ops at the step's start: 0-99, 100-999, 1000+): the per-step work that
 grows with the backlog. Steps of several ``--configs`` are pooled per arm.
 
 Then, per arm, its collections while serving (any thread) by generation:
 count, total, median and longest pause; and who came due for them: the
-thread, and the package (module, for ours) of the innermost Python frame at
-the allocation that crossed the young generation's threshold. The thread
-says who paid. The package is only where allocating happened at that
-moment, not who made the collection due: CPython counts allocations minus
-frees of GC objects, so an object freed soon after it is made adds nothing,
-and what brings collections on is objects kept. So, per arm, what each
-phase added to the young generation's count, CPython's trigger for a young
-collection (GC-tracked allocations less frees; a free is not counted while
-the count is 0, just after a collection), after each call less before it
-(calls a collection fell in left out), per 1,000 steps, beside the whole
-step's: the phases that bring collections on, as far as a free lands in
-the phase that made the object.
+thread (who paid), and the package (module, for ours) of the innermost
+Python frame at the allocation that crossed the young generation's
+threshold: where allocating happened then, not who made the collection due
+(CPython counts GC-tracked allocations less frees, so what brings
+collections on is objects kept). So, per arm, what each phase added to that
+count (a free is not counted while it is 0, just after a collection),
+after each call less before it (calls a collection fell in left out), per
+1,000 steps, beside the whole step's.
 
 And the mean over every step, which compares arms whose steps rank differently.
 
@@ -126,6 +123,7 @@ _PAUSED_S = [0.0]  # the collections' pauses so far (any thread)
 # fell in, and those calls; WHOLE_STEP is the simulated step
 _NET: dict[str, dict[str, list[int]]] = {}
 WHOLE_STEP = "whole simulated step"
+_SCHEDULER_THREAD = threading.main_thread().ident  # a phase elsewhere is "(beside)"
 
 
 def _wrap(owner: Any, name: str, phase: str) -> None:
@@ -139,7 +137,8 @@ def _wrap(owner: Any, name: str, phase: str) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            _PHASES[phase] += time.perf_counter() - started
+            on = phase if threading.get_ident() == _SCHEDULER_THREAD else f"{phase} (beside)"
+            _PHASES[on] += time.perf_counter() - started
             _INSIDE[0] -= 1
             if _PAUSED_S[0] == paused:
                 _net(phase, gc.get_count()[0] - young)
@@ -226,7 +225,7 @@ def phases() -> list[tuple[Any, str, str]]:
         (sender.Handoff, "record", "record"),
         (sender.Handoff, "_pack", "record pack"),
         (sender.Handoff, "_service", "record service"),
-        (sender.Handoff, "io_turn", "record I/O (its thread)"),
+        (sender.Handoff, "io_turn", "record I/O"),
         (supervisor.RecorderLink, "send", "record send"),
         (Connector, "get_num_new_matched_tokens", "lookup"),
         (mgr, "on_lookup_result", "lookup_feedback"),

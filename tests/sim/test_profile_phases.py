@@ -63,3 +63,51 @@ def test_a_wrapped_phase_reports_the_objects_it_left_allocated(
     assert set(rows) == {"keeping", profile_steps.WHOLE_STEP}, rows
     assert 45_000 <= int(rows["keeping"]) <= 50_000 and rows[profile_steps.WHOLE_STEP] == "0"
     assert profile_steps.WHOLE_STEP not in {phase for _, _, phase in phases()}
+
+
+def test_a_phase_timed_on_another_thread_is_filed_beside() -> None:
+    """The step's pass runs on its own thread: its phases must not read as the
+    scheduler thread's (the step pays only the scheduler thread's)."""
+    import threading
+
+    from bench import profile_steps
+
+    class Owner:
+        @staticmethod
+        def work() -> None:
+            pass
+
+    profile_steps._wrap(Owner, "work", "working")
+    profile_steps._PHASES.clear()
+    try:
+        Owner.work()
+        thread = threading.Thread(target=Owner.work)
+        thread.start()
+        thread.join()
+        assert set(profile_steps._PHASES) == {"working", "working (beside)"}
+    finally:
+        profile_steps._PHASES.clear()
+
+
+def test_every_vllm_call_the_step_split_times_exists() -> None:
+    from bench.step_split import CALLS, _owners
+
+    owners = _owners()
+    missing = [f"{owner}.{name}" for owner, names in CALLS.items() for name in names
+               if not callable(getattr(owners[owner], name, None))]
+    assert not missing, f"bench.step_split times what vLLM no longer has: {missing}"
+
+
+def test_the_step_split_reports_each_arm_against_the_first(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.step_split import report
+
+    eager = [(1.0, 0.2, {"Scheduler.schedule": 0.0007})] * 201
+    ours = [(1.2, 0.25, {"Scheduler.schedule": 0.0008})] * 201
+    report({"stock eager": eager, "ours EA": ours})
+    rows = {cells[0]: cells[1:] for cells in (
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in capsys.readouterr().out.splitlines() if line.startswith("| "))}
+    assert rows["step"] == ["1.000", "1.200", "+0.200"]
+    assert rows["rest"] == ["0.800", "0.950", "+0.150"]
+    assert rows["Scheduler.schedule"] == ["0.700", "0.800", "+0.100"]
