@@ -5,22 +5,25 @@ arm against arm (not a timed test).
         --arms "stock eager,ours EA" --model-ms 3
 
 Runs ``bench.simulate`` with the same arguments and vLLM's scheduler-side calls
-wrapped (wall time, inclusive: a call inside another counts in both):
+wrapped (wall time less the simulator's instrumentation inside it, as the
+step's timers take it; inclusive: a call inside another counts in both):
 ``Scheduler.schedule`` and ``update_from_output`` and the calls inside them
 that touch requests and blocks (:data:`CALLS`). After each simulated step it
 files the step's time (``schedule`` + ``update_from_output`` less the
 instrumentation, as the simulator's tables take it), its connector time and
 each call's. Prints per arm, for the 100 steps around its median step: the
 step, the connector's share, the rest, and each call's mean; then each arm's
-extra over the first arm given (put ``stock eager`` first).
+extra over the first arm given (put ``stock eager`` first). And, where an
+arm ran the same number of steps as the first (the same trace scheduled
+alike), the same step's extra, step for step, by the arm's backlog at the
+step's start (buffered ops: 0-99, 100-999, 1000+): whether what the rest
+costs grows with what the connector holds.
 
 What it answers: ``bench.profile_steps`` says where the connector's own time
 goes; a step also pays for what the connector changes around it (vLLM's
 frees when the connector does not delay them, allocation from a pool whose
 free blocks the connector pins, the caches and the heap the connector's work
-leaves). The wrapped calls' own wall time includes whatever of the
-simulator's instrumentation runs inside them (the loss attribution's pool
-hooks), alike in every arm.
+leaves).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ CALLS = {
 """The calls timed, by class: what a scheduler step runs that the connector can change."""
 
 _SPENT: dict[str, float] = Counter()
+_CLOCKS: list[Any] = [None]  # the serving arm's ``bench.sim.hooks.Clocks``
+Step = tuple[float, float, dict[str, float], int]  # step ms, connector ms, calls, backlog
 
 
 def _owners() -> dict[str, Any]:
@@ -59,44 +64,50 @@ def _wrap(owner: Any, name: str) -> None:
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        clocks = _CLOCKS[0]
+        instrumented = clocks.instr_s if clocks is not None else 0.0
         started = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
-            _SPENT[label] += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            if clocks is not None:  # the loss attribution's hooks inside (pool evictions)
+                spent -= clocks.instr_s - instrumented
+            _SPENT[label] += spent
 
     setattr(owner, name, timed)
 
 
-def install() -> dict[str, list[tuple[float, float, dict[str, float]]]]:
+def install() -> dict[str, list[Step]]:
     """Wrap :data:`CALLS` and the simulator's step; returns, per arm, each
-    step's ``(step ms, connector ms, {call: seconds})``."""
+    step's ``(step ms, connector ms, {call: seconds}, backlog at its start)``."""
     from bench.sim import loop
 
     for class_name, owner in _owners().items():
         for name in CALLS[class_name]:
             _wrap(owner, name)
-    steps: dict[str, list[tuple[float, float, dict[str, float]]]] = {}
+    steps: dict[str, list[Step]] = {}
     one_step = loop.Sim._one_step
 
     def filed(self: Any, step: int) -> None:
         _SPENT.clear()
+        _CLOCKS[0] = self.clocks
         one_step(self, step)
         steps.setdefault(self.arm.name, []).append(
-            (self.res.sched_ms[-1], self.res.conn_ms[-1], dict(_SPENT)))
+            (self.res.sched_ms[-1], self.res.conn_ms[-1], dict(_SPENT), self.res.backlog[-1]))
 
     loop.Sim._one_step = filed  # type: ignore[method-assign]
     return steps
 
 
-def around_median(steps: list[tuple[float, float, dict[str, float]]]) -> dict[str, float]:
+def around_median(steps: list[Step]) -> dict[str, float]:
     """The mean over the 100 steps around the median step: ``step``,
     ``connector``, ``rest`` and each call, in ms."""
     ranked = sorted(steps, key=lambda s: s[0])
     middle = len(ranked) // 2
     chosen = ranked[max(0, middle - 50) : middle + 50]
     mean: dict[str, float] = Counter()
-    for _, _, spent in chosen:
+    for _, _, spent, _ in chosen:
         for label, seconds in spent.items():
             mean[label] += seconds * 1e3 / len(chosen)
     step = statistics.fmean(s[0] for s in chosen)
@@ -104,7 +115,7 @@ def around_median(steps: list[tuple[float, float, dict[str, float]]]) -> dict[st
     return {"step": step, "connector": connector, "rest": step - connector, **mean}
 
 
-def report(by_arm: dict[str, list[tuple[float, float, dict[str, float]]]]) -> None:
+def report(by_arm: dict[str, list[Step]]) -> None:
     means = {arm: around_median(steps) for arm, steps in by_arm.items() if steps}
     if not means:
         return
@@ -122,6 +133,29 @@ def report(by_arm: dict[str, list[tuple[float, float, dict[str, float]]]]) -> No
         cells = [f"{means[arm].get(label, 0.0):.3f}" for arm in arms]
         extra = [f"{means[arm].get(label, 0.0) - base.get(label, 0.0):+.3f}" for arm in arms[1:]]
         print(f"| {label} | " + " | ".join(cells + extra) + " |")
+    for arm in arms[1:]:
+        by_backlog(arm, by_arm[arm], arms[0], by_arm[arms[0]])
+
+
+def by_backlog(arm: str, steps: list[Step], base_arm: str, base: list[Step]) -> None:
+    """The same step's extra over ``base``, by ``arm``'s backlog (module docstring)."""
+    from bench.sim.results import percentile
+
+    if len(steps) != len(base):
+        print(f"\n{arm}: {len(steps)} steps against {len(base)}: not step for step")
+        return
+    print(f"\n## {arm} against {base_arm}, the same step, by {arm}'s backlog (ms, median "
+          "extra)\n| backlog | steps | step | connector | the rest |\n|---|---|---|---|---|")
+    for low, high in ((0, 99), (100, 999), (1000, None)):
+        pairs = [(s, b) for s, b in zip(steps, base, strict=True)
+                 if s[3] >= low and (high is None or s[3] <= high)]
+        if not pairs:
+            continue
+        step = percentile([s[0] - b[0] for s, b in pairs], 0.5)
+        connector = percentile([s[1] - b[1] for s, b in pairs], 0.5)
+        rest = percentile([(s[0] - s[1]) - (b[0] - b[1]) for s, b in pairs], 0.5)
+        print(f"| {low}-{high or ''} | {len(pairs)} | {step:+.3f} | {connector:+.3f} | "
+              f"{rest:+.3f} |")
 
 
 def main() -> int:

@@ -102,12 +102,16 @@ def test_the_step_split_reports_each_arm_against_the_first(
         capsys: pytest.CaptureFixture[str]) -> None:
     from bench.step_split import report
 
-    eager = [(1.0, 0.2, {"Scheduler.schedule": 0.0007})] * 201
-    ours = [(1.2, 0.25, {"Scheduler.schedule": 0.0008})] * 201
+    eager = [(1.0, 0.2, {"Scheduler.schedule": 0.0007}, 0)] * 201
+    ours = [(1.2, 0.25, {"Scheduler.schedule": 0.0008}, 50)] * 100 + \
+        [(1.5, 0.25, {"Scheduler.schedule": 0.0008}, 2000)] * 101
     report({"stock eager": eager, "ours EA": ours})
     rows = {cells[0]: cells[1:] for cells in (
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in capsys.readouterr().out.splitlines() if line.startswith("| "))}
-    assert rows["step"] == ["1.000", "1.200", "+0.200"]
-    assert rows["rest"] == ["0.800", "0.950", "+0.150"]
+    assert rows["step"] == ["1.000", "1.350", "+0.350"]  # 100 around the median: half each
+    assert rows["rest"] == ["0.800", "1.100", "+0.300"]
     assert rows["Scheduler.schedule"] == ["0.700", "0.800", "+0.100"]
+    assert rows["0-99"] == ["100", "+0.200", "+0.050", "+0.150"]  # step for step, by backlog
+    assert rows["1000-"] == ["101", "+0.500", "+0.050", "+0.450"]
+    assert "100-999" not in rows
