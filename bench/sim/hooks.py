@@ -8,10 +8,11 @@ Contract: :func:`install` wraps, for one arm, in place:
   hash has no cached block left;
 * every scheduler-side connector method vLLM's ``Scheduler`` calls: its wall
   time, less the instrumentation inside it, is added to
-  :attr:`Clocks.conn_s`; ``build_connector_meta`` (where the lazy managers
-  drain) tells LMCache's lazy managers' listener before (``before_drain``),
-  and ``request_finished(_all_groups)`` tells every listener
-  after (``on_finished``);
+  :attr:`Clocks.conn_s`; ``build_connector_meta``, where LMCache's lazy
+  managers drain, tells their listener before (``before_drain``; ours drains
+  beside the model, and the loop tells it ``before_drain`` after
+  ``schedule()`` and every lazy arm's ``after_drain`` after the model), and
+  ``request_finished(_all_groups)`` tells every listener after (``on_finished``);
 * a lazy manager's offers (ours: ``offer_chunks``; LMCache's: ``add_store_candidate``;
   the listener's ``on_offered``, after the view counted the offer) and, for LMCache's managers, its
   ``on_scheduler_step`` and its policy's ``drain``: which ops the policy
