@@ -42,10 +42,12 @@ Contract towards the caller (the recorder process's main thread)
   directory's total stays within ``max_total_bytes`` less the files being
   written (``connector.recorder.retention``). An existing directory open
   to others is left as it is, with a warning.
-* A write, flush or fsync that has not returned after ``io_stall_s`` (a hung
-  mount) sends the writer to broken mode as an I/O error does: the
-  producer's next :meth:`append` sees it, what comes is dropped and counted,
-  and the log resumes in a new file once a probe succeeds.
+* A write, flush or fsync that has not returned ``io_stall_s`` after the
+  producer first saw it in flight (a hung mount; a process stopped and
+  resumed mid-write is not one) sends the writer to broken mode as an I/O
+  error does: the producer's next :meth:`append` sees it, what comes is
+  dropped and counted, and the log resumes in a new file once a probe
+  succeeds.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ class EventLogWriter(WriterThread):
         self._warned_loss = False
         self._closing = False
         self._rotate_pending = False  # a rotation is queued, not yet done
+        # The I/O call in flight (its ``io_since``) and when this side first
+        # saw it: a stall is timed from then, not from the call's start, so
+        # a process stopped mid-write (SIGSTOP, a frozen cgroup) is not taken
+        # for a hung disk when it resumes.
+        self._io_seen_for = 0.0
+        self._io_seen_s = 0.0
 
         # Writer-thread state.
         self._items_written = 0
@@ -177,8 +185,12 @@ class EventLogWriter(WriterThread):
             self._lose("append() after close(); item dropped")
             return
         since = self._disk.io_since
-        if since and time.monotonic() - since > self._io_stall_s:
-            self._stalled()
+        if since:
+            now = time.monotonic()
+            if since != self._io_seen_for:  # this write's first sight
+                self._io_seen_for, self._io_seen_s = since, now
+            elif now - self._io_seen_s > self._io_stall_s:
+                self._stalled()
         self._bytes_in += self._encoder.weight(item)
         self._queue.append(item)
 

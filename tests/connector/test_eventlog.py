@@ -403,15 +403,48 @@ def test_a_write_that_hangs_sends_the_writer_to_broken_mode(
     try:
         w.append({"i": 0})
         assert entered.wait(10)
+        w.append({"i": 1})  # sees the write in flight
         assert not w.broken
         time.sleep(0.3)
-        w.append({"i": 1})
+        w.append({"i": 2})
         assert w.broken
         assert any("has not returned for 0.2 s" in m for m in warns.messages), warns.messages
     finally:
         release.set()
         w.close()
     assert w.items_lost >= 1
+
+
+def test_a_process_stopped_mid_write_is_not_a_hung_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole process stopped mid-write (SIGSTOP, a frozen cgroup) and
+    resumed: the write began long ago, but the producer has only now seen
+    it in flight; once it returns, nothing is dropped and the log ends as
+    it should."""
+    import connector.recorder.files as files
+
+    release, entered = threading.Event(), threading.Event()
+    real_open = files._open
+    monkeypatch.setattr(files, "_open", lambda *a, **k: _HangingFile(
+        real_open(*a, **k), release, entered, hang_after=1))
+    warns = Warnings()
+    w = _writer(tmp_path, warns, io_stall_s=0.2, flush_bytes=1, item_bytes=_weight)
+    try:
+        w.append({"i": 0})
+        assert entered.wait(10)
+        w._disk.io_since -= 100.0  # as if stopped for 100 s since the write began
+        w.append({"i": 1})
+        assert not w.broken
+        release.set()
+        while w._disk.io_since:
+            time.sleep(0.01)
+        w.append({"i": 2})
+        assert not w.broken
+    finally:
+        release.set()
+        assert w.close()
+    assert w.items_lost == 0 and not warns.messages
+    assert _read(w.files[0]) == [HEADER, {"i": 0}, {"i": 1}, {"i": 2}]
 
 
 def test_a_writer_that_takes_over_a_prefix_goes_on_after_its_files(tmp_path: Path) -> None:

@@ -273,8 +273,7 @@ _ENGINE_BEHIND = textwrap.dedent("""
             acknowledged(h)
             os.kill(link.pid, signal.SIGSTOP)  # then it falls behind
         if calls[0] == 300:
-            h._link.flush()
-            time.sleep(0.3)  # into the recorder's socket, unread
+            time.sleep(0.3)  # the I/O thread's turns hand it over: in the socket, unread
             os.kill(os.getpid(), signal.SIGKILL)
     run_workload(requests=400, seed=8, sink=sink)
 """)
