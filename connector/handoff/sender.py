@@ -223,14 +223,17 @@ class Handoff:
 
     def wait_for_end(self) -> bool:
         """At the engine's exit: wait at most ``end_wait_s`` for the recorder
-        to write END. Returns whether it did."""
+        to write END. Returns whether it did. A recorder that exited with a
+        failure never will; one that exited cleanly acknowledged END first,
+        but its exit code (a pipe) can arrive before that acknowledgement
+        (ZeroMQ's I/O thread), so the wait goes on for it."""
         link = self._link
         if link is None or self._end_at is None:
             return False
         deadline = time.monotonic() + self._end_wait_s  # a real wait, whatever the clock
         while self._flight.acked < self._end_at and time.monotonic() < deadline:
             self._take_replies(link)
-            if link.exit_code() is not None:
+            if link.exit_code() not in (None, 0):
                 break
             time.sleep(0.005)
         self._take_replies(link)

@@ -70,7 +70,7 @@ class Clock:
 
 
 def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: int,
-             *, failures: int = 0) -> Handoff:
+             *, failures: int = 0, end_wait_s: float = 0.05) -> Handoff:
     pending = list(links)
     failing = [failures]
 
@@ -82,7 +82,7 @@ def _handoff(links: list[FakeLink], warnings: list[str], clock: Clock, budget: i
 
     return Handoff(launch, budget_bytes=budget, warn=warnings.append, clock=clock,
                    wall_clock=lambda: 0.0, liveness_every_s=0.0, backoff_s=(1.0, 8.0),
-                   flush_every_s=0.0, end_wait_s=0.05, register_atexit=False,
+                   flush_every_s=0.0, end_wait_s=end_wait_s, register_atexit=False,
                    io_thread=False)
 
 
@@ -207,6 +207,36 @@ def test_the_seal_returns_at_once_and_says_where_an_open_outage_began() -> None:
     assert end[4] == lost_from  # the GAP the recorder writes starts there
     assert handoff.stats.events_lost == len(world.applied) - lost_from
     assert handoff.wait_for_end() is False  # nobody acknowledges here: it gives up
+
+
+class ExitBeforeAck(FakeLink):
+    """A recorder whose clean exit is heard before its last acknowledgement
+    (the exit code comes by a pipe, the ACK through ZeroMQ's I/O thread)."""
+
+    def __init__(self, *, code: int) -> None:
+        super().__init__()
+        self.exit_with = code
+        self.delay = 3  # reply reads before the ACK shows
+
+    def replies(self) -> list[tuple[Any, ...]]:
+        if self.messages and self.messages[-1][0] == Message.END:
+            self.code = self.exit_with
+            self.delay -= 1
+            if self.delay == 0 and self.code == 0:
+                self.ack()
+        return super().replies()
+
+
+@pytest.mark.parametrize(("code", "ended"), [(0, True), (1, False)])
+def test_a_clean_exit_heard_before_the_last_ack_still_waits_for_it(
+        code: int, ended: bool) -> None:
+    link = ExitBeforeAck(code=code)
+    handoff = _handoff([link], [], Clock(), budget=1 << 30, end_wait_s=30.0)
+    world = run_workload(requests=3, seed=3, sink=handoff.record)
+    handoff.close(world.state)
+    started = time.monotonic()
+    assert handoff.wait_for_end() is ended
+    assert time.monotonic() - started < 5.0  # neither waits out end_wait_s
 
 
 def test_resync_asks_for_a_snapshot_without_a_loss() -> None:
