@@ -10,7 +10,7 @@ from offload_fsm.policies.ea_planner import next_ema
 from offload_fsm.policies.registry import hooks_for
 from offload_fsm.state import BatchStatus, State
 from offload_fsm.vocabulary.config import Policy
-from offload_fsm.vocabulary.events import BlockHash
+from offload_fsm.vocabulary.events import BlockHash, PassedStep
 
 
 class _Current(enum.Enum):
@@ -64,6 +64,22 @@ def step_passes(
     # A due deadline may be stale; only a StepScheduled clears it (``pop_overdue``).
     return not (config.max_deferral_seconds > 0 and deadlines
                 and deadlines[0][0] <= time_s - config.max_deferral_seconds)
+
+
+def finish_waits(state: State, req_id: str, *, free_blocks: int, next_step_max_blocks: int,
+                 passed: Sequence[PassedStep]) -> bool:
+    """Whether ``req_id``'s ``RequestFinished`` (with ``free_blocks`` and
+    ``next_step_max_blocks``) may wait for the shell's next pass instead of
+    being applied now: the policy would pin none of its buffered ops (the
+    shield), once ``passed``, the token steps the core has not folded yet,
+    were folded. Nothing else it decides is needed before the next
+    ``schedule()``: the request's readiness and its session's end wait a
+    step, and the same events reach the core in the same order."""
+    rec = state.requests.get(req_id)
+    if rec is None or not rec.ops:
+        return True
+    return not hooks_for(state.config.policy).finish_pins(
+        state, rec, free_blocks, next_step_max_blocks, passed)
 
 
 def watches(state: State, block_id: int) -> bool:

@@ -17,9 +17,10 @@ them needs a command before then, and no hook between reads what they
 change (a lookup reads the core's buffered blocks and pins, which an
 arrival leaves alone, and asks :meth:`CoreFeed.arriving` for its request;
 an event it feeds applies what waits first). What needs the core's answer
-now (a finish, whose shield pins before vLLM frees the blocks; an arrival
+now (a finish whose shield pins before vLLM frees the blocks; an arrival
 whose id is reused) is applied at once (:meth:`CoreFeed.feed`, pending ones
-first). The applied pairs wait in ``unrecorded`` and go to the log once per
+first); a finish that pins nothing waits with the rest
+(``queries.finish_waits``). The applied pairs wait in ``unrecorded`` and go to the log once per
 step (:meth:`CoreFeed.record`, at the end of the pass), or sooner past
 :data:`RECORD_EVENTS`: the core sees the same events in the same order as
 with a call and a record per event, and the log holds the same events.
@@ -77,6 +78,11 @@ class CoreFeed:
         if type(event) is events.RequestArrived:
             self._arriving.add(event.req_id)
         self._pending.append(event)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether events wait to be applied."""
+        return bool(self._pending)
 
     def arriving(self, req_id: str) -> bool:
         """Whether ``req_id``'s arrival waits to be applied."""

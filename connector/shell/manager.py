@@ -10,8 +10,9 @@ also keeps the shell's records of what it pinned and submitted) and records.
 The step's work is one pass (:meth:`EventSourcedManager._pass`) that runs
 while the model does (``connector.shell.beside``): what ``schedule()``
 observed (arrivals, offers) and the last step's receipts wait for it; its
-stores go out with the next step. A finish is applied at once (its shield
-pins before vLLM frees the blocks).
+stores go out with the next step. A finish whose shield pins is applied at
+once, before vLLM frees the blocks; one that pins nothing (most) waits for
+the next pass with the rest (``queries.finish_waits``).
 
 No business rule lives here: building stores is ``connector.shell.stores``, what
 a step's output says ``connector.shell.step_reading``, the log lines
@@ -56,7 +57,7 @@ from connector.shell.step_reading import StepReader
 from connector.shell.stores import StoreBuilder, StoreSource
 from offload_fsm import OffloadConfig, Policy, new_state
 from offload_fsm.after_failure import DrainOnly
-from offload_fsm.queries import has_in_flight, keeps_stepping
+from offload_fsm.queries import finish_waits, has_in_flight, keeps_stepping
 from offload_fsm.vocabulary import events
 from offload_fsm.vocabulary.errors import CommandFailed, StepFailed
 
@@ -241,8 +242,9 @@ class EventSourcedManager:
         blocks (they join the free queue's tail next). ``RequestFinished``
         with the free-queue length now: the policy may shield the request's
         buffered ops (pin them) before ``schedule()`` can reallocate them.
-        Returns the session to end when nothing is buffered or in flight.
-        Never raises."""
+        Applied now where it shields; beside the model, one that shields
+        nothing waits for the next pass. Returns the sessions to end (this
+        request's once applied, nothing buffered or in flight). Never raises."""
         if self._drain is not None:
             self._commands.execute_drained(self._drain.finished(request_id))
         else:
@@ -272,8 +274,9 @@ class EventSourcedManager:
     def has_inflight_store_work(self) -> bool:
         """vLLM asks (``Scheduler.has_requests`` through LMCache's
         ``has_pending_push_work``) whether to keep stepping with no request:
-        yes while a store awaits receipts, shields hold pins, or a configured
-        tail flush has work. After vLLM's shutdown signal, the first "no"
+        yes while a store awaits receipts, shields hold pins, a configured
+        tail flush has work, or events (a finish, receipts) wait for the next
+        pass. After vLLM's shutdown signal, the first "no"
         seals the log (:meth:`_seal_early`). Reads only; never raises."""
         # Read once, first: the SIGTERM hook runs between any two bytecodes of
         # this thread, and a signal that lands after "no work" was computed
@@ -286,6 +289,7 @@ class EventSourcedManager:
             busy = bool(self.state.ready) or has_in_flight(self.state)
         else:
             busy = keeps_stepping(self.state, self._clock())
+        busy = busy or (self._drain is None and self._core.waiting)
         if not busy and signal_seen and not self._closed and (
                 self._drain is not None or not has_in_flight(self.state)):
             self._seal_early()
@@ -435,8 +439,14 @@ class EventSourcedManager:
 
     def _finish(self, request_id: str) -> None:
         free = blocks.free_count(self._pool) if self._pool is not None else 0
-        self._core.feed(events.RequestFinished(req_id=request_id, free_blocks=free,
-                                   next_step_max_blocks=self._step_budget_blocks))
+        finished = events.RequestFinished(req_id=request_id, free_blocks=free,
+                                          next_step_max_blocks=self._step_budget_blocks)
+        if self._beside.threaded and finish_waits(
+                self.state, request_id, free_blocks=free,
+                next_step_max_blocks=self._step_budget_blocks, passed=self._reader.passed):
+            self._core.defer(finished)
+        else:
+            self._core.feed(finished)
 
     def _arrive(self, request_id: str) -> None:
         if request_id not in self.state.requests:  # nothing to end now: applied with the step

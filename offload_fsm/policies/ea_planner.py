@@ -72,6 +72,24 @@ def next_peak(peak_blocks: float, allocated_blocks: int) -> float:
     return max(float(allocated_blocks), PEAK_DECAY * peak_blocks)
 
 
+def advanced(ema_blocks: float | None, peak_blocks: float, allocated_blocks: int,
+             next_step_blocks: int, horizon_steps: float) -> tuple[float, float, int]:
+    """A token step's allocation EMA, decaying peak and danger depth after it."""
+    ema = next_ema(ema_blocks, allocated_blocks)
+    return (ema, next_peak(peak_blocks, allocated_blocks),
+            danger_depth(ema, next_step_blocks, horizon_steps))
+
+
+def shield_reach(depth_blocks: int, peak_blocks: float, next_step_max_blocks: int) -> int | None:
+    """How deep the next ``schedule()`` can allocate (the danger depth, its
+    token budget, or the recent allocation peak, whichever is largest): a
+    finish whose freed blocks join the free queue at a rank below this must
+    shield them; None when the engine is idle (depth 0): nothing to shield."""
+    if depth_blocks == 0:
+        return None
+    return max(depth_blocks, next_step_max_blocks, math.ceil(peak_blocks))
+
+
 def danger_depth(ema_blocks: float, next_step_blocks: int, horizon_steps: float) -> int:
     """``ceil(max(EMA, next-step estimate) * horizon)``, or 0 below 0.5 (idle)."""
     horizon_blocks = max(ema_blocks, float(next_step_blocks)) * horizon_steps

@@ -60,17 +60,17 @@ storing, and rejects candidates whose chunks are all stored.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from itertools import compress, filterfalse
 
 from offload_fsm.policies import blockindex, dedup
 from offload_fsm.policies.ea_planner import (
+    advanced,
     danger_depth,
     next_ema,
-    next_peak,
     plan_eviction_aware,
     queued_blocks,
+    shield_reach,
 )
 from offload_fsm.rules import split
 from offload_fsm.rules.buffer import pop_overdue
@@ -86,6 +86,7 @@ from offload_fsm.vocabulary.errors import InvalidEvent
 from offload_fsm.vocabulary.events import (
     FreeQueueRead,
     LookupAnswered,
+    PassedStep,
     RequestFinished,
     StepScheduled,
     StepsPassed,
@@ -109,11 +110,9 @@ def _advance(state: State, allocated_blocks: int, next_step_blocks: int,
              window_blocks: int) -> None:
     """A token step's allocation EMA, decaying peak, danger depth and window
     count: what every token step updates, passed or planned."""
-    state.ema_blocks = next_ema(state.ema_blocks, allocated_blocks)
-    state.peak_blocks = next_peak(state.peak_blocks, allocated_blocks)
-    state.depth_blocks = danger_depth(
-        state.ema_blocks, next_step_blocks, state.config.horizon_steps
-    )
+    state.ema_blocks, state.peak_blocks, state.depth_blocks = advanced(
+        state.ema_blocks, state.peak_blocks, allocated_blocks, next_step_blocks,
+        state.config.horizon_steps)
     state.counters[Counter.WINDOW_BLOCKS_READ] += window_blocks
 
 
@@ -233,9 +232,8 @@ def _cascade(
 def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scope) -> None:
     """The blind-window rule (module docstring)."""
     free_blocks = event.free_blocks
-    depth = state.depth_blocks
-    reach = max(depth, event.next_step_max_blocks, math.ceil(state.peak_blocks))
-    if depth == 0 or free_blocks >= reach:
+    reach = shield_reach(state.depth_blocks, state.peak_blocks, event.next_step_max_blocks)
+    if reach is None or free_blocks >= reach:
         return
     ops = [op for op in rec.ops if not op.pinned]
     if free_blocks < state.reserve_blocks:  # not all of it: its longest prefix that fits
@@ -246,6 +244,20 @@ def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scop
         ops = split.shield_prefix(state, rec, ops, budget, scope)
     _shield_ops(state, rec, ops, Counter.SHIELDED_OPS, free_blocks=free_blocks,
                 reach_blocks=reach, scope=scope)
+
+
+def _finish_pins(state: State, rec: RequestState, free_blocks: int,
+                 next_step_max_blocks: int, passed: Sequence[PassedStep]) -> bool:
+    """Query: whether ``rec``'s ``RequestFinished`` would shield ops, once
+    ``passed`` (token steps the core has not folded yet) were folded."""
+    if all(op.pinned for op in rec.ops):
+        return False
+    ema, peak, depth = state.ema_blocks, state.peak_blocks, state.depth_blocks
+    horizon = state.config.horizon_steps
+    for _, allocated, next_blocks, *_ in passed:
+        ema, peak, depth = advanced(ema, peak, allocated, next_blocks, horizon)
+    reach = shield_reach(depth, peak, next_step_max_blocks)
+    return reach is not None and free_blocks < reach
 
 
 def _shield_reach(state: State, event: LookupAnswered, scope: Scope) -> None:
@@ -360,6 +372,7 @@ HOOKS = PolicyHooks(
     empty_step=_lift_shields,
     lookup_answered=_shield_reach,
     finished=_shield,
+    finish_pins=_finish_pins,
     selecting=_selecting,
     released=_released,
 )

@@ -21,6 +21,7 @@ from offload_fsm.vocabulary.decisions import SelectReason
 from offload_fsm.vocabulary.errors import InvalidEvent
 from offload_fsm.vocabulary.events import (
     LookupAnswered,
+    PassedStep,
     RequestFinished,
     StepScheduled,
     StepsPassed,
@@ -89,6 +90,11 @@ def _nothing_finished(
     return
 
 
+def _finish_pins_nothing(state: State, rec: RequestState, free_blocks: int,
+                         next_step_max_blocks: int, passed: Sequence[PassedStep]) -> bool:
+    return False
+
+
 def _all_selected(state: State, rec: RequestState, ops: list[Op], scope: Scope) -> list[Op]:
     return ops
 
@@ -108,6 +114,7 @@ HOOKS = PolicyHooks(
     empty_step=_nothing_on_empty,
     lookup_answered=_no_lookup_shield,
     finished=_nothing_finished,
+    finish_pins=_finish_pins_nothing,
     selecting=_all_selected,
     released=_nothing_released,
 )

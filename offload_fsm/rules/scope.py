@@ -21,7 +21,12 @@ import attrs
 from offload_fsm.state import Op, RequestState, State
 from offload_fsm.vocabulary.commands import Command
 from offload_fsm.vocabulary.decisions import Decision
-from offload_fsm.vocabulary.events import LookupAnswered, RequestFinished, StepScheduled
+from offload_fsm.vocabulary.events import (
+    LookupAnswered,
+    PassedStep,
+    RequestFinished,
+    StepScheduled,
+)
 
 
 class Scope:
@@ -63,6 +68,10 @@ class PolicyHooks:
     lookup_answered: Callable[[State, LookupAnswered, Scope], None]
     # A request with buffered ops finished (before its ready/end bookkeeping).
     finished: Callable[[State, RequestState, RequestFinished, Scope], None]
+    # Query: whether ``finished`` would pin for a request with buffered ops
+    # finishing with (free_blocks, next_step_max_blocks), once the passed
+    # steps the core has not folded yet were folded.
+    finish_pins: Callable[[State, RequestState, int, int, Sequence[PassedStep]], bool]
     # Front ops taken for a batch: returns the ops to verify (may drop some).
     selecting: Callable[[State, RequestState, list[Op], Scope], list[Op]]
     # A batch's ops left it: stored (True) or not (False).

@@ -20,6 +20,8 @@ from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 
 from connector.shell import manager as manager_module  # noqa: E402
 from connector.shell.beside import Beside, guard_pool  # noqa: E402
+from offload_fsm import Policy  # noqa: E402
+from offload_fsm.state import Phase  # noqa: E402
 from tests.connector.test_manager_faults import Shell  # noqa: E402
 
 WAIT_S = 5.0
@@ -154,6 +156,25 @@ def test_beside_the_model_a_step_s_stores_go_out_with_the_next_step() -> None:
     assert s.refs(a) == [0, 0]
     s.step()
     assert s.ended == ["a"] and not s.mgr.has_inflight_store_work()
+    s.mgr.log_final_stats()
+
+
+def test_beside_the_model_a_finish_that_pins_nothing_waits_for_the_next_pass() -> None:
+    """A finish whose shield would pin nothing (the engine idle here: depth 0)
+    is held for the next pass; vLLM is told to step once more for it, and
+    that pass applies it before the step, as a finish applied at once would
+    have been."""
+    s = Shell(beside=True, policy=Policy.EVICTION_AWARE)
+    s.offer("a")
+    s.step()
+    s.mgr.settle()
+    s.finish("a")
+    assert s.mgr.state.requests["a"].phase is Phase.ACTIVE  # not applied yet
+    assert s.mgr.has_inflight_store_work()  # a step to apply it
+    s.step()
+    s.mgr.settle()
+    assert s.mgr.state.requests["a"].phase is Phase.FINISHED
+    assert not s.mgr.has_inflight_store_work()
     s.mgr.log_final_stats()
 
 

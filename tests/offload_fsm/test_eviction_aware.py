@@ -12,10 +12,11 @@ import pytest
 
 from offload_fsm.invariants import ledger_terms
 from offload_fsm.policies.ea_planner import OVERDUE_RANK, SHIELDED_RANK
-from offload_fsm.queries import window_depth
+from offload_fsm.queries import finish_waits, window_depth
 from offload_fsm.state import holders
 from offload_fsm.testing.synthetic import default_config, run_workload
-from offload_fsm.vocabulary import commands
+from offload_fsm.vocabulary import commands, events
+from offload_fsm.vocabulary.config import Policy
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.decisions import (
     DropCause,
@@ -637,6 +638,34 @@ def test_no_shield_when_window_is_far(free: int) -> None:
     shield_setup(h)
     result = h.finish("a", free=free)  # >= D
     assert result.of(OpsShielded) == [] and result.commands == []
+
+
+@pytest.mark.parametrize("free", [1, 5, 9, 10, 29, 50])
+@pytest.mark.parametrize("passed_allocated", [None, 0, 30])
+def test_a_finish_waits_exactly_when_applying_it_would_shield_nothing(
+        free: int, passed_allocated: int | None) -> None:
+    """``queries.finish_waits``, asked with the passed steps the shell holds
+    (none; one that lets the depth and peak decay; one whose allocation
+    raises the peak), against the finish applied after them."""
+    h = harness()
+    shield_setup(h)
+    passed: tuple[events.PassedStep, ...] = ()
+    if passed_allocated is not None:
+        depth = window_depth(h.state, scheduled_tokens=16, allocated_blocks=passed_allocated,
+                             next_step_blocks=0)
+        passed = ((16, passed_allocated, 0, 2, 100, depth, h.time_s + 1.0),)
+    waits = finish_waits(h.state, "a", free_blocks=free, next_step_max_blocks=0, passed=passed)
+    if passed:
+        h.feed(events.StepsPassed(steps=passed))
+    shielded = h.finish("a", free=free).of(OpsShielded)
+    assert waits == (shielded == [])
+
+
+def test_under_fifo_every_finish_waits() -> None:
+    h = Harness(default_config(Policy.FIFO), world_size=1)
+    h.arrive("a")
+    h.offer("a")
+    assert finish_waits(h.state, "a", free_blocks=0, next_step_max_blocks=0, passed=())
 
 
 def test_shield_below_the_reserve_takes_only_the_front_that_leaves_it() -> None:
