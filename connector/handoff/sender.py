@@ -222,11 +222,8 @@ class Handoff:
                        "when recording resumes")
 
     def wait_for_end(self) -> bool:
-        """At the engine's exit: wait at most ``end_wait_s`` for the recorder
-        to write END. Returns whether it did. A recorder that exited with a
-        failure never will; one that exited cleanly acknowledged END first,
-        but its exit code (a pipe) can arrive before that acknowledgement
-        (ZeroMQ's I/O thread), so the wait goes on for it."""
+        """At the engine's exit: wait at most ``end_wait_s`` for END's ACK (a
+        clean exit follows it, though its exit code can overtake it); whether it came."""
         link = self._link
         if link is None or self._end_at is None:
             return False

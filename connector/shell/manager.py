@@ -242,9 +242,8 @@ class EventSourcedManager:
         blocks (they join the free queue's tail next). ``RequestFinished``
         with the free-queue length now: the policy may shield the request's
         buffered ops (pin them) before ``schedule()`` can reallocate them.
-        Applied now where it shields; beside the model, one that shields
-        nothing waits for the next pass. Returns the sessions to end (this
-        request's once applied, nothing buffered or in flight). Never raises."""
+        Applied now where it shields; beside the model, one that shields nothing
+        waits for the next pass. Returns the sessions to end. Never raises."""
         if self._drain is not None:
             self._commands.execute_drained(self._drain.finished(request_id))
         else:
