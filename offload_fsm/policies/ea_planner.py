@@ -80,7 +80,7 @@ def advanced(ema_blocks: float | None, peak_blocks: float, allocated_blocks: int
             danger_depth(ema, next_step_blocks, horizon_steps))
 
 
-def shield_reach(depth_blocks: int, peak_blocks: float, next_step_max_blocks: int) -> int | None:
+def finish_reach(depth_blocks: int, peak_blocks: float, next_step_max_blocks: int) -> int | None:
     """How deep the next ``schedule()`` can allocate (the danger depth, its
     token budget, or the recent allocation peak, whichever is largest): a
     finish whose freed blocks join the free queue at a rank below this must

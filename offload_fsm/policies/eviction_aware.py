@@ -67,10 +67,10 @@ from offload_fsm.policies import blockindex, dedup
 from offload_fsm.policies.ea_planner import (
     advanced,
     danger_depth,
+    finish_reach,
     next_ema,
     plan_eviction_aware,
     queued_blocks,
-    shield_reach,
 )
 from offload_fsm.rules import split
 from offload_fsm.rules.buffer import pop_overdue
@@ -232,7 +232,7 @@ def _cascade(
 def _shield(state: State, rec: RequestState, event: RequestFinished, scope: Scope) -> None:
     """The blind-window rule (module docstring)."""
     free_blocks = event.free_blocks
-    reach = shield_reach(state.depth_blocks, state.peak_blocks, event.next_step_max_blocks)
+    reach = finish_reach(state.depth_blocks, state.peak_blocks, event.next_step_max_blocks)
     if reach is None or free_blocks >= reach:
         return
     ops = [op for op in rec.ops if not op.pinned]
@@ -256,7 +256,7 @@ def _finish_pins(state: State, rec: RequestState, free_blocks: int,
     horizon = state.config.horizon_steps
     for _, allocated, next_blocks, *_ in passed:
         ema, peak, depth = advanced(ema, peak, allocated, next_blocks, horizon)
-    reach = shield_reach(depth, peak, next_step_max_blocks)
+    reach = finish_reach(depth, peak, next_step_max_blocks)
     return reach is not None and free_blocks < reach
 
 
