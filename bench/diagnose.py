@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     arm = ArmSpec("ours EA", "ours", (("lmcache.mp.lazy_offload", True),
                                       ("lmcache.mp.lazy_offload_policy", "EVICTION_AWARE"),
                                       ("lmcache.mp.lazy_offload_log_dir", "")))
-    sim = Sim(arm, sessions, SimParams(num_gpu_blocks=blocks, max_num_seqs=seqs, seed=a.seed))
+    sim = Sim(arm, sessions, SimParams(num_gpu_blocks=blocks, max_num_seqs=seqs, seed=a.seed,
+                                          attribute_losses=True))
     mgr = sim.view.mgr
     at_finish: dict[str, tuple[int, int, int, int]] = {}
     orig_fin = mgr.on_request_finished

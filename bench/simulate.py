@@ -10,9 +10,9 @@
         --arms "none,stock eager,ours EA (log off),ours EA"   # the event log's cost
 
 Prints the seed and every parameter first, then one table per (workload, pool) config
-(arms as rows), then the loss-mechanism table and the targets check; with both "ours
-EA" and "ours EA (log off)", the event log's cost (step times, log on over off, the
-recorder process's CPU). Metric definitions: bench/README.md.
+(arms as rows), then (with ``--attribute-losses``) the loss-mechanism table and the
+targets check; with both "ours EA" and "ours EA (log off)", the event log's cost (step
+times, log on over off, the recorder process's CPU). Metric definitions: bench/README.md.
 """
 
 from __future__ import annotations
@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="what the stand-in LMCache server answers a lookup: keep (default): "
                     "the chunks this arm's workers stored; missing: 0 hit tokens, always (a "
                     "server that keeps nothing; ours then re-stores what it reports lost)")
+    ap.add_argument("--attribute-losses", action="store_true",
+                    help="classify each lazy arm's lost buffered ops by mechanism (the loss "
+                    "table): a free-queue walk every step and a record per offered block, in "
+                    "the lazy arms' process only, so their step times do not compare")
     ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
     ap.add_argument("--configs", default="", help="comma-separated config indexes (default: all)")
     ap.add_argument("--json", default="", help="write raw results to this file")
@@ -140,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                        max_num_batched_tokens=batched,
                        receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
                        store_failure_rate=a.store_failure_rate, seed=a.seed,
-                       model_ms=a.model_ms, lookups=a.lookups)
+                       model_ms=a.model_ms, lookups=a.lookups,
+                       attribute_losses=a.attribute_losses)
         print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
               f"(block 32 tokens) max_num_seqs={seqs} max_num_batched_tokens="
               f"{sp.max_num_batched_tokens} chunk=256")
@@ -177,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         print(table(vrows, VHEAD))
         sweep_rows += [[f"{preset}/{pool_label}", str(blocks)] + v for v in vrows]
         if len(rounds) > 1:
+            print(f"\nstep time (schedule + update_from_output) over {len(rounds)} rounds, "
+                  "arms alternating (ms, and over eager's in the same round):\n")
+            print(rounds_table(rounds, lambda r: r.sched_ms))
             print(f"\nconnector time per step over {len(rounds)} rounds, arms alternating "
                   "(ms, and over eager's in the same round):\n")
-            print(rounds_table(rounds))
+            print(rounds_table(rounds, lambda r: r.conn_ms))
         cost = log_cost_table(rounds)
         if cost:
             print(f"\nthe event log's cost: step ms (schedule + update_from_output) with the "
@@ -188,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             print(cost)
         print("\nconnector time per step by backlog bucket (buffered ops at step start):\n")
         print(bucket_table(results))
-        print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered op,"
-              " classified at the eviction):\n")
-        print(loss_table(results))
+        if a.attribute_losses:
+            print("\nlost buffered ops by mechanism (first reallocated block of a still-buffered"
+                  " op, classified at the eviction):\n")
+            print(loss_table(results))
         sys.stdout.flush()
     if a.sweep or len(configs) > 1:
         print("\n## all configs side by side (pool sweep when --sweep)\n")

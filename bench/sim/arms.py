@@ -116,6 +116,10 @@ class SimParams:
     # "keep": the stand-in answers lookups from what the workers stored; "missing":
     # every lookup answers 0 hit tokens (a server that keeps nothing).
     lookups: str = "keep"
+    # The loss attribution (``bench.sim.truth.LossAttribution``): it walks up to
+    # 8,192 free blocks and keeps a string per offered block in the lazy arms'
+    # process only, which leaves their steps' caches cold, so timing runs leave it off.
+    attribute_losses: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -15,13 +15,14 @@ Theory of operation, per step::
     release due turns -> scheduler.add_request       (prompts keyed for ground truth)
     so = scheduler.schedule()                        # timed (connector part timed too)
     loss attribution's free-queue snapshot           # ours: here, before its pass runs
-                                                     # (LMCache's: in build_connector_meta)
+                                                     # (LMCache's: in build_connector_meta;
+                                                     # only with SimParams.attribute_losses)
     workers: STOREs submitted, receipts after the ranks' delays (maybe failed);
              RETRIEVEs finished now; eager delayed frees once the request's stores
              are done                                # bench.sim.workers
     model: the next scripted token for every request past its prompt
     (SimParams.model_ms asleep: in no timer; ours' pass runs meanwhile)
-    loss attribution: what the drain pinned
+    loss attribution: what the drain pinned          # (only with attribute_losses)
     scheduler.update_from_output(so, ModelRunnerOutput)   # timed
     finished turns -> their sessions' next turns; the Request let go
 
@@ -76,7 +77,8 @@ class Sim:
         # ours with the log on: its recorder process's CPU (bench.sim.recorder)
         self.recorder = RecorderWatch.of(self.view.mgr) if arm.kind == "ours" else None
         self.truth = GroundTruth(self.lm, self.res)
-        self.losses = LossAttribution(arm, self.view, self.pool, self.requests)
+        self.losses = (LossAttribution(arm, self.view, self.pool, self.requests)
+                       if params.attribute_losses else None)
         self.workers = Workers(params, connected=self.connector is not None, lazy=arm.lazy,
                                lm=self.lm, truth=self.truth, pool=self.pool,
                                requests=self.requests, res=self.res)
@@ -88,20 +90,25 @@ class Sim:
     def on_evicted(self, block_id: int, bh_group: Any, block_hash: bytes, gone: bool) -> None:
         if gone:
             self.truth.evicted(bytes(block_hash))
-        self.losses.evicted(block_id, bh_group)
+        if self.losses is not None:
+            self.losses.evicted(block_id, bh_group)
 
     def on_offered(self, req_id: str, start: int, block_ids: list[int]) -> None:
-        self.losses.offered(req_id, start, block_ids)
+        if self.losses is not None:
+            self.losses.offered(req_id, start, block_ids)
 
     def before_drain(self) -> None:
-        self.losses.before_drain()
+        if self.losses is not None:
+            self.losses.before_drain()
 
     def after_drain(self) -> None:
-        self.losses.after_drain(self.step)
+        if self.losses is not None:
+            self.losses.after_drain(self.step)
 
     def on_finished(self, returned: Any, request: Any) -> None:
         rid = request.request_id
-        self.losses.finished(rid, self.step)
+        if self.losses is not None:
+            self.losses.finished(rid, self.step)
         if returned and returned[0]:  # an eager arm's delayed free
             self.workers.eager_wait_free.add(rid)
 
@@ -235,7 +242,8 @@ class Sim:
         res.written_keys = len(self.truth.written)
         res.useful_written_keys = len(self.truth.useful & self.truth.written)
         res.ledger = self.view.ledger()
-        res.losses = self.losses.by_mechanism()
+        if self.losses is not None:
+            res.losses = self.losses.by_mechanism()
         if self.view.mgr is not None and self.arm.kind == "ours":
             watch = self.recorder
             if watch is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -145,9 +146,10 @@ def table(rows: list[list[str]], head: list[str]) -> str:
     return "\n".join(out)
 
 
-def rounds_table(rounds: list[list[ArmResult]]) -> str:
-    """Each arm's connector p50 / p99 in every round, over eager's of that round,
-    and the medians of those ratios."""
+def rounds_table(rounds: list[list[ArmResult]], times: Callable[[ArmResult], list[float]]) -> str:
+    """Each arm's p50 / p99 of ``times`` (the step's, or the connector's, ms per
+    step) in every round, over eager's of that round, and the medians of those
+    ratios."""
     head = ["arm"] + [f"round {i + 1}: p50 / p99 (x eager)" for i in range(len(rounds))]
     head += ["median p50 / eager", "median p99 / eager"]
     rows = []
@@ -156,12 +158,12 @@ def rounds_table(rounds: list[list[ArmResult]]) -> str:
         for results in rounds:
             r = results[column]
             eager = next((e for e in results if e.arm == "stock eager"), None)
-            p50, p99 = percentile(r.conn_ms, 0.5), percentile(r.conn_ms, 0.99)
-            if eager is None or not percentile(eager.conn_ms, 0.5):
+            p50, p99 = percentile(times(r), 0.5), percentile(times(r), 0.99)
+            if eager is None or not percentile(times(eager), 0.5):
                 cells.append(f"{fmt(p50)} / {fmt(p99)}")
                 continue
-            p50s.append(p50 / percentile(eager.conn_ms, 0.5))
-            p99s.append(p99 / percentile(eager.conn_ms, 0.99))
+            p50s.append(p50 / percentile(times(eager), 0.5))
+            p99s.append(p99 / percentile(times(eager), 0.99))
             cells.append(f"{fmt(p50)} / {fmt(p99)} ({fmt(p50s[-1], 2)} / {fmt(p99s[-1], 2)})")
         rows.append([first.arm, *cells,
                      fmt(statistics.median(p50s), 2) if p50s else "-",

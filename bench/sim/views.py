@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from bench.sim.arms import ArmSpec
+from offload_fsm.state import OpStatus
 
 
 class ManagerView:
@@ -48,8 +49,8 @@ class ManagerView:
     def backlog(self) -> int:
         if self.mgr is None:
             return 0
-        if self.ours:
-            return sum(len(r.ops) for r in self.mgr.state.pending.values())
+        if self.ours:  # the core's own count: no walk over its requests each step
+            return self.mgr.state.live_ops[OpStatus.BUFFERED]
         pol = self.policy()
         if pol is None:
             return 0
