@@ -121,6 +121,9 @@ class Beside:
             try:
                 self._call(job)
             finally:
+                # Let the step go now: a job kept until the next one holds
+                # vLLM's whole scheduler output a step longer.
+                del job
                 self._idle.set()
 
     def _call(self, job: Callable[[], None]) -> None:

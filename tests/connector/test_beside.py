@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -65,6 +66,24 @@ def test_a_pass_runs_on_its_own_thread_and_settle_waits_for_it() -> None:
     beside.close()
     beside.start(lambda: ran_on.append(threading.get_ident()))  # closed: inline
     assert ran_on[-1] == threading.get_ident()
+
+
+def test_a_finished_pass_lets_go_of_its_job() -> None:
+    """The job holds vLLM's scheduler output: once the pass is over, nothing
+    of the pass keeps it until the next one."""
+
+    class Job:
+        def __call__(self) -> None:
+            pass
+
+    beside = Beside(threaded=True, failed=_failed)
+    job = Job()
+    gone = weakref.ref(job)
+    beside.start(job)
+    del job
+    beside.settle()
+    assert gone() is None
+    beside.close()
 
 
 def test_a_pass_that_raises_is_reported_and_the_next_one_runs() -> None:
