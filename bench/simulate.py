@@ -10,7 +10,7 @@
         --arms "none,stock eager,ours EA (log off),ours EA"   # the event log's cost
 
 Prints the seed and every parameter first, then one table per (workload, pool) config
-(arms as rows), then (with ``--attribute-losses``) the loss-mechanism table and the
+(arms as rows), then the loss-mechanism table (with ``--attribute-losses``) and the
 targets check; with both "ours EA" and "ours EA (log off)", the event log's cost (step
 times, log on over off, the recorder process's CPU). Metric definitions: bench/README.md.
 """

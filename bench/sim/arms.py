@@ -117,8 +117,8 @@ class SimParams:
     # every lookup answers 0 hit tokens (a server that keeps nothing).
     lookups: str = "keep"
     # The loss attribution (``bench.sim.truth.LossAttribution``): it walks up to
-    # 8,192 free blocks and keeps a string per offered block in the lazy arms'
-    # process only, which leaves their steps' caches cold, so timing runs leave it off.
+    # 8,192 free blocks each step and keeps a string per offered block, work only
+    # the lazy arms' process does, so timing runs leave it off.
     attribute_losses: bool = False
 
 
