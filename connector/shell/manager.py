@@ -14,9 +14,8 @@ stores go out with the next step. A finish whose shield pins is applied at
 once, before vLLM frees the blocks; one that pins nothing (most) waits for
 the next pass with the rest (``queries.finish_waits``).
 
-No business rule lives here: building stores is ``connector.shell.stores``, what
-a step's output says ``connector.shell.step_reading``, the log lines
-``connector.shell.narrator``, the rules the core's.
+No business rule lives here: stores are built by ``connector.shell.stores``, steps read
+by ``connector.shell.step_reading``, log lines made by ``connector.shell.narrator``.
 
 Keeping vLLM stepping (:meth:`has_inflight_store_work`): while the core has
 work, vLLM's busy loop runs zero-token steps, whose connector metadata the
@@ -128,9 +127,8 @@ class EventSourcedManager:
         self._beside.settle()
 
     def start_pass(self) -> None:
-        """Start the pass :meth:`on_scheduler_step` left (the connector calls
-        this once LMCache's ``build_connector_meta`` is done, so the pass does
-        not take the GIL while the step still needs it); any hook does it."""
+        """Start the pass :meth:`on_scheduler_step` left, once LMCache's ``build_connector_meta``
+        is done (the pass must not take the GIL while the step needs it); any hook does it."""
         pending, self._pending_pass = self._pending_pass, None
         if pending is not None:
             self._beside.start(pending)
@@ -435,8 +433,10 @@ class EventSourcedManager:
             self._core.report_passed()
         self._lookahead.stepped()
         self._narrator.end_of_step(self.state)
+        self._commands.stores.pack()  # the sources of requests finished since the last pass
 
     def _finish(self, request_id: str) -> None:
+        self._commands.stores.finished(request_id)
         free = blocks.free_count(self._pool) if self._pool is not None else 0
         finished = events.RequestFinished(req_id=request_id, free_blocks=free,
                                           next_step_max_blocks=self._step_budget_blocks)

@@ -20,17 +20,32 @@ offer, and the STORE's token list is sliced from it only when it is built:
 the same tokens a copy at the offer would have held. Only multimodal
 prompts, whose key ids differ from vLLM's, hold a copy
 (``connector.shell.candidates``).
+
+Finished requests. A request's buffered ops may wait long after it finished
+(the eviction-aware policy stores them only near the eviction head), and
+then its source would keep vLLM's token list and its ``ConstantList`` alive
+with it: two more objects for every young collection to count and visit.
+So the shell says when a request finishes (:meth:`StoreBuilder.finished`,
+cheap: on vLLM's step) and the next pass, beside the model, packs the
+tokens its STOREs will take into ``bytes`` (:meth:`StoreBuilder.pack`),
+which the cyclic GC does not track, and its cache salt (a ``str``, which it
+does not track either), and lets go of the source. A source with request
+configs stays as it is (a dict is tracked anyway), as does one whose key ids
+do not fit 64 bits.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
 from offload_fsm.vocabulary.commands import SubmitStore
+
+_PACKED: Final = "q"  # a packed token: a signed 64-bit integer, native byte order
 
 
 class StoreSource(NamedTuple):
@@ -54,6 +69,11 @@ class StoreBuilder:
         self._group_tokens_per_block = list(group_tokens_per_block)
         self._one_group = len(self._group_tokens_per_block) == 1
         self._latest: dict[str, StoreSource] = {}
+        # Finished requests' tokens, packed, and their salts where not empty (the
+        # module docstring): a request is in ``_latest`` or ``_packed``, never both.
+        self._packed: dict[str, bytes] = {}
+        self._salts: dict[str, str] = {}
+        self._finished: list[str] = []  # finished since the last pack, held in _latest
         # req id -> op start token -> (op end token, per-group block ids)
         self._ops: dict[str, dict[int, tuple[int, list[list[int]]]]] = {}
 
@@ -62,11 +82,41 @@ class StoreBuilder:
         """Note an offer of ``[start_token, end_token)`` with each KV group's
         block ids; ``source`` replaces the request's earlier one."""
         self._latest[req_id] = source
+        if self._packed:  # a reused id: the new request's source wins
+            self._packed.pop(req_id, None)
+            self._salts.pop(req_id, None)
         if not self._one_group:
             self._ops.setdefault(req_id, {})[start_token] = (end_token, group_block_ids)
 
+    def finished(self, req_id: str) -> None:
+        """The request finished: its tokens are final. The next :meth:`pack`
+        packs its source (a list append here, on vLLM's step)."""
+        if req_id in self._latest:
+            self._finished.append(req_id)
+
+    def pack(self) -> None:
+        """Pack the sources of the requests finished since the last call
+        (beside the model: a copy of each one's tokens)."""
+        finished, self._finished = self._finished, []
+        latest = self._latest
+        for req_id in finished:
+            source = latest.get(req_id)
+            if source is None or source.request_configs is not None \
+                    or type(source.cache_salt) is not str:
+                continue
+            try:
+                packed = array(_PACKED, source.tokens[: source.num_tokens]).tobytes()
+            except OverflowError:  # a multimodal key id past 64 bits: kept as it is
+                continue
+            del latest[req_id]
+            self._packed[req_id] = packed
+            if source.cache_salt:
+                self._salts[req_id] = source.cache_salt
+
     def build(self, command: SubmitStore) -> LMCacheMPRequestMetadata:
-        latest = self._latest[command.req_id]
+        req_id = command.req_id
+        latest = self._latest.get(req_id) or _unpacked(self._packed[req_id],
+                                                       self._salts.get(req_id, ""))
         if self._one_group:
             return self._store(command, [list(command.block_ids)], latest)
         ops = self._ops[command.req_id]
@@ -126,8 +176,19 @@ class StoreBuilder:
 
     def forget(self, req_id: str) -> None:
         self._latest.pop(req_id, None)
+        self._packed.pop(req_id, None)
+        self._salts.pop(req_id, None)
         self._ops.pop(req_id, None)
 
     def clear(self) -> None:
         self._latest.clear()
+        self._packed.clear()
+        self._salts.clear()
+        self._finished.clear()
         self._ops.clear()
+
+
+def _unpacked(packed: bytes, cache_salt: str) -> StoreSource:
+    tokens = array(_PACKED)
+    tokens.frombytes(packed)
+    return StoreSource(tokens, len(tokens), cache_salt, None)

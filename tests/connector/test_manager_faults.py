@@ -56,6 +56,7 @@ class Shell:
         self.mgr.bind_block_pool(self.pool)
         self.blocks: dict[str, list[int]] = {}
         self.submitted: list[str] = []
+        self.taken: list[LMCacheMPRequestMetadata] = []  # the stores, as built
         self.ended: list[str] = []
         self._hash = 0
 
@@ -99,6 +100,7 @@ class Shell:
 
     def _take(self, actions: Any) -> None:
         self.submitted += [s.request_id for s in actions.stores_to_submit]
+        self.taken += actions.stores_to_submit
         self.ended += list(actions.sessions_to_end)
 
 

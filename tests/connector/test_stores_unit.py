@@ -5,6 +5,9 @@ request's source as it was at the latest offer."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from connector.shell.stores import StoreBuilder, StoreSource
 from offload_fsm.vocabulary.commands import SubmitStore
 
@@ -60,3 +63,66 @@ def test_a_store_takes_the_sources_first_tokens_and_its_salt_and_configs() -> No
     store = builder.build(_submit(0, 256))
     assert store.op.token_ids == list(range(300))
     assert (store.cache_salt, store.request_configs) == ("salt", {"lmcache.tag": "x"})
+
+
+class _Tokens(list[int]):
+    """vLLM's token list, as a list that can be weakly referenced."""
+
+
+def test_a_finished_requests_source_is_packed_and_vllms_list_let_go() -> None:
+    """Once packed, a finished request's STORE is what it was before, and the
+    builder holds nothing the cyclic GC tracks for it: not vLLM's list."""
+    builder = StoreBuilder([16])
+    live = _Tokens(range(300))
+    builder.offered("r", 0, 256, [list(range(16))], StoreSource(live, 300, "salt", None))
+    live.append(300)  # the last output token, after the latest offer
+    before = builder.build(_submit(0, 256))
+    builder.finished("r")
+    builder.pack()
+    gone = weakref.ref(live)
+    del live
+    assert gone() is None
+    after = builder.build(_submit(0, 256))
+    assert after.op.token_ids == before.op.token_ids == list(range(300))
+    assert (after.cache_salt, after.request_configs) == ("salt", None)
+    assert not any(gc.is_tracked(held) for held in builder._packed.values())
+
+
+def test_a_packed_source_keeps_an_empty_salt_empty_and_a_reused_id_takes_its_new_source(
+) -> None:
+    builder = StoreBuilder([16])
+    builder.offered("r", 0, 256, [list(range(16))], StoreSource(list(range(256)), 256, "", None))
+    builder.finished("r")
+    builder.pack()
+    assert builder.build(_submit(0, 256)).cache_salt == ""
+    builder.offered("r", 0, 256, [list(range(16))], _source(list(range(1000, 1256))))
+    assert "r" not in builder._packed  # in the live sources or the packed, never both
+    builder.finished("r")  # not packed yet: the live source is the one built from
+    store = builder.build(_submit(0, 256))
+    assert store.op.token_ids == list(range(1000, 1256))
+    assert store.cache_salt == "salt"
+
+
+def test_a_source_with_request_configs_or_huge_key_ids_is_kept_as_it_is() -> None:
+    builder = StoreBuilder([16])
+    builder.offered("configs", 0, 256, [list(range(16))], _source(list(range(256))))
+    huge = [1 << 70] * 256  # a key id past 64 bits
+    builder.offered("huge", 0, 256, [list(range(16))], StoreSource(huge, 256, "", None))
+    for req_id in ("configs", "huge"):
+        builder.finished(req_id)
+    builder.pack()
+    assert builder._packed == {}
+    configs = builder.build(SubmitStore(batch_id=0, req_id="configs", start_token=0,
+                                        end_token=256, block_ids=()))
+    assert configs.request_configs == {"lmcache.tag": "x"}
+    assert builder.build(SubmitStore(batch_id=1, req_id="huge", start_token=0, end_token=256,
+                                     block_ids=())).op.token_ids == huge
+
+
+def test_a_forgotten_request_leaves_nothing_packed() -> None:
+    builder = StoreBuilder([16])
+    builder.offered("r", 0, 256, [list(range(16))], StoreSource(list(range(256)), 256, "s", None))
+    builder.finished("r")
+    builder.pack()
+    builder.forget("r")
+    assert (builder._latest, builder._packed, builder._salts) == ({}, {}, {})
