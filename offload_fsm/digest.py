@@ -32,7 +32,7 @@ from typing import Any, Final, NamedTuple
 import attrs
 import msgpack
 
-from offload_fsm.state import Batch, Op, RequestState, State
+from offload_fsm.state import WIRE_NAME, Batch, Op, RequestState, State
 from offload_fsm.vocabulary.counters import FIRST_LATER_COUNTER
 
 __all__ = ["canonical_state", "state_digest"]
@@ -197,7 +197,7 @@ _EXCLUDED_STATE: Final[dict[str, str]] = {
 
 
 def _check_complete(cls: type[Any], digested: Iterable[str], excluded: Iterable[str]) -> None:
-    fields = {field.name for field in attrs.fields(cls)}
+    fields = {field.metadata.get(WIRE_NAME, field.name) for field in attrs.fields(cls)}
     named = set(digested) | set(excluded)
     if fields != named:
         raise AssertionError(

@@ -13,7 +13,10 @@ raw set is iterated where order can reach a decision.
 from __future__ import annotations
 
 import enum
+import struct
+from array import array
 from collections import deque
+from collections.abc import Iterable
 from typing import Final
 
 import attrs
@@ -23,6 +26,22 @@ from offload_fsm.vocabulary.counters import Counter, new_counters
 from offload_fsm.vocabulary.events import BlockHash
 
 STORED_KEYS_MAX: Final = 1 << 18  # bound of the stored-content memory (EA dedup)
+WIRE_NAME: Final = "wire_name"  # a field's metadata key: its name in snapshots, if not its own
+
+
+PACKED_INT_BYTES: Final = 8  # one value's bytes in a packed sequence (pack_ints)
+
+
+def pack_ints(values: Iterable[int]) -> bytes:
+    """``values`` as 64-bit signed integers in native byte order: raises
+    ``TypeError`` for a value that is not an int, ``OverflowError`` for one
+    out of range."""
+    return array("q", values).tobytes()
+
+
+def unpack_ints(packed: bytes) -> tuple[int, ...]:
+    """The inverse of :func:`pack_ints`."""
+    return struct.unpack(f"{len(packed) // PACKED_INT_BYTES}q", packed)
 
 
 class Phase(enum.Enum):
@@ -57,18 +76,38 @@ class BatchStatus(enum.Enum):
 
 @attrs.define(slots=True, eq=False)
 class Op:
-    """One buffered store operation: a chunk-aligned token range of a request."""
+    """One buffered store operation: a chunk-aligned token range of a request.
+
+    Its block ids and their hashes (never None: an op is admitted only with
+    every block hashed) are held packed (:func:`pack_ints`), not as tuples:
+    a buffered op can wait for thousands of steps, and while a tuple is one
+    more object for the cyclic GC to count towards its next young collection,
+    ``bytes`` are not tracked at all. :attr:`block_ids` and
+    :attr:`block_hashes` read them as tuples; snapshots carry the tuples too,
+    under those names."""
 
     op_id: int
     req: RequestState
     start_token: int
     end_token: int
-    block_ids: tuple[int, ...]
-    block_hashes: tuple[BlockHash, ...]
+    packed_ids: bytes = attrs.field(metadata={WIRE_NAME: "block_ids"})
+    packed_hashes: bytes = attrs.field(metadata={WIRE_NAME: "block_hashes"})
     time_s: float
     blocks_per_chunk: int = 0
     pinned: bool = False
     status: OpStatus = OpStatus.BUFFERED
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_ids)
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_hashes)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.packed_ids) // PACKED_INT_BYTES
 
     @property
     def tokens(self) -> int:
@@ -80,9 +119,8 @@ class Op:
         chain their parents, so it names the whole token prefix the chunk ends,
         which is how LMCache keys the chunk too."""
         step = self.blocks_per_chunk
-        keys = self.block_hashes[step - 1 :: step] if step else self.block_hashes[-1:]
-        assert None not in keys, "admitted ops are fully hashed"
-        return keys  # type: ignore[return-value]
+        hashes = self.block_hashes
+        return hashes[step - 1 :: step] if step else hashes[-1:]
 
 
 @attrs.define(slots=True, eq=False)
@@ -222,9 +260,15 @@ DERIVED: Final = frozenset({"owner_hashes", "stored_order", "stored_stale",
 def owner_hashes_of(owners: dict[int, Op | dict[int, Op]]) -> dict[int, BlockHash]:
     """``State.owner_hashes`` as ``owners`` implies it."""
     hashes: dict[int, BlockHash] = {}
+    by_op: dict[int, dict[int, BlockHash]] = {}  # each op's blocks' first hashes, unpacked once
     for block_id, entry in owners.items():
         first = entry if isinstance(entry, Op) else next(iter(entry.values()))
-        hashes[block_id] = first.block_hashes[first.block_ids.index(block_id)]
+        of_op = by_op.get(first.op_id)
+        if of_op is None:
+            of_op = by_op[first.op_id] = {}
+            for block, block_hash in zip(first.block_ids, first.block_hashes, strict=True):
+                of_op.setdefault(block, block_hash)
+        hashes[block_id] = of_op[block_id]
     return hashes
 
 

@@ -13,33 +13,32 @@ resolved annotations, not written by hand, so a field added to ``State``,
 ``RequestState``, ``Op``, ``Batch`` or ``StepContext`` travels without a
 change here (a field of a type this module cannot encode fails at import,
 loudly, in every test). Records are positional, and the wire names each
-class's fields once, so a snapshot written before a field existed decodes
-with that field's default, and one with a field this code does not know is
-refused (:class:`LogCorrupt`). Dicts decode into the field's own factory
-(``counters`` starts from :func:`~offload_fsm.vocabulary.counters.new_counters`, so a
-counter added later is present and zero, in declaration order).
+class's fields once (by ``state.WIRE_NAME`` where a field says so: an op's
+packed ints travel as the ``block_ids`` and ``block_hashes`` tuples they
+pack), so a snapshot written before a field existed decodes with its
+default, and one with a field this code does not know is refused
+(:class:`LogCorrupt`). Dicts decode into the field's own factory (``counters``
+starts from ``new_counters``: a counter added later is there, zero).
 
 Identity
 --------
 ``RequestState``, ``Op`` and ``Batch`` objects are shared: ``Op.req``,
 ``Batch.req`` and ``RequestState.batch`` point at each other, ``pending``
 holds the same records as ``requests``, ``owners`` entries are the very ops
-in the buffers, and an orphaned batch keeps the request record its id
-reuse replaced. Each such object is encoded once, in a table of its class
-(in the order the walk first meets it), and every reference is its index
-there; decoding allocates every table entry first and fills the fields
-after, so the rebuilt graph has the same sharing as the original. Other
-attrs classes (``StepContext``) are owned by one field and encoded inline,
-without names: their fields are only ever appended, and a record written
-before one existed decodes with its default.
-``config`` is not encoded: the file header carries it, and ``restore``
-takes it; nor are ``state.DERIVED``, which ``restore`` rebuilds.
+in the buffers, and an orphaned batch keeps the request record its id reuse
+replaced. Each such object is encoded once, in a table of its class (in the
+order the walk first meets it), and every reference is its index there;
+decoding allocates every table entry first and fills the fields after, so
+the rebuilt graph has the same sharing as the original. Other attrs classes
+(``StepContext``) are owned by one field and encoded inline, without names:
+their fields are only ever appended (an older record takes the defaults).
+``config`` is not encoded (the file header carries it, ``restore`` takes
+it), nor is ``state.DERIVED`` (``restore`` rebuilds it).
 
-Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)`` where
-``names`` is ``((class name, (field, ...)), ...)`` and each table is a
-tuple of positional records. A renamed field is mapped (``_RENAMED``).
-``State.owners`` has a codec of its own (format 2, ``log.snapshot_tables``):
-four flat tuples of ints instead of tuples per block. Format 1 snapshots decode.
+Wire: ``(SNAPSHOT_FORMAT, names, state, requests, ops, batches)``, ``names``
+being ``((class name, (field, ...)), ...)``, each table a tuple of positional
+records; a renamed field is mapped (``_RENAMED``). ``State.owners`` has a codec
+of its own (format 2, ``log.snapshot_tables``): four flat tuples of ints.
 """
 
 from __future__ import annotations
@@ -59,8 +58,10 @@ from offload_fsm.log.snapshot_tables import (
     Encoding,
     encode_owners,
     owners_decoder,
+    packed_ints_codec,
     ref,
     refs,
+    wire_names,
 )
 from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, StepContext, rederive
 from offload_fsm.vocabulary.config import OffloadConfig
@@ -69,8 +70,7 @@ from offload_fsm.vocabulary.errors import LogCorrupt
 __all__ = ["SNAPSHOT_FORMAT", "encode_records", "names", "restore", "take"]
 
 SNAPSHOT_FORMAT: Final = 2
-"""Bumped only if the layout above changes; field changes need no bump
-(2: ``State.owners`` flat, see the module docstring)."""
+"""Bumped only if the layout above changes (2: ``State.owners`` flat)."""
 _FORMATS: Final = frozenset((1, SNAPSHOT_FORMAT))
 
 _SHARED: Final[tuple[type[Any], ...]] = (RequestState, Op, Batch)
@@ -207,20 +207,20 @@ class _Record:
         self.cls = cls
         skipped = _SKIPPED.get(cls, frozenset())
         fields = [f for f in attrs.fields(attrs.resolve_types(cls)) if f.name not in skipped]
-        self.fields = {f.name: f for f in fields}
-        self.names: tuple[str, ...] = tuple(f.name for f in fields)
-        self.getter = operator.attrgetter(*self.names)
+        self.fields = wire_names(fields)
+        self.names: tuple[str, ...] = tuple(self.fields)
+        self.getter = operator.attrgetter(*(f.name for f in fields))
         self.encoders: list[tuple[int, Encode]] = []
         self.decoders: dict[str, Decode] = {}
-        for index, field in enumerate(fields):
-            where = f"{cls.__name__}.{field.name}"
+        for index, (name, field) in enumerate(self.fields.items()):
+            where = f"{cls.__name__}.{name}"
             enc, dec = _OWN_CODECS.get(where) or _codec(field.type, where)
             if enc is not None:
                 self.encoders.append((index, enc))
             if dec is not None:
-                self.decoders[field.name] = dec
+                self.decoders[name] = dec
         self.dict_fields = frozenset(
-            f.name for f in fields if typing.get_origin(f.type) is dict
+            name for name, f in self.fields.items() if typing.get_origin(f.type) is dict
         )
         self._plans: dict[tuple[str, ...], Callable[[Any, Any, Decoding], None]] = {}
 
@@ -270,7 +270,7 @@ class _Record:
             if field.default is attrs.NOTHING:
                 raise LogCorrupt(f"snapshot: {self.cls.__name__}.{name} is missing and "
                                  "has no default")
-            defaults.append((name, field.default))
+            defaults.append((field.name, field.default))
         steps = []
         for name in names:
             field = self.fields[name]
@@ -279,7 +279,7 @@ class _Record:
                 factory = field.default.factory
                 if factory is dict:
                     factory = None  # nothing to merge into
-            steps.append((name, self.decoders.get(name), factory))
+            steps.append((field.name, self.decoders.get(name), factory))
 
         def plan(obj: Any, data: Any, decoding: Decoding) -> None:
             for (name, dec, factory), value in zip(steps, data):  # noqa: B905 (checked)
@@ -308,11 +308,11 @@ def _record(cls: type[Any]) -> _Record:
     return record
 
 
-_OWN_CODECS: Final[dict[str, tuple[Encode, Decode]]] = {"State.owners": (
-    encode_owners,
-    owners_decoder(_codec(attrs.fields(attrs.resolve_types(State)).owners.type,
-                          "State.owners")[1]),
-)}
+_OWN_CODECS: Final[dict[str, tuple[Encode, Decode]]] = {
+    "State.owners": (encode_owners, owners_decoder(
+        _codec(attrs.fields(attrs.resolve_types(State)).owners.type, "State.owners")[1])),
+    **{where: packed_ints_codec(where) for where in ("Op.block_ids", "Op.block_hashes")},
+}
 _TOP: Final[tuple[type[Any], ...]] = (State, *_SHARED)
 for _cls in (*_TOP, *_INLINE):
     _record(_cls)  # every field type is checked here, at import

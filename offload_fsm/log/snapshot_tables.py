@@ -13,6 +13,8 @@ Pure module: standard library only (and the state's ``Op`` class).
   collections of the cyclic GC (full ones among them) on the heap vLLM's
   scheduler thread shares; the flat form is four tuples whatever the size.
   Format 1 snapshots decode with the generic codec (:func:`owners_decoder`).
+* A field's wire name (:func:`wire_names`) and the codec of an op's packed
+  ints (:func:`packed_ints_codec`): on the wire, the tuples they pack.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from offload_fsm.state import Op
+from offload_fsm.state import WIRE_NAME, Op, pack_ints, unpack_ints
 from offload_fsm.vocabulary.errors import LogCorrupt
 
 Owners = dict[int, Op | dict[int, Op]]
@@ -114,3 +116,19 @@ def owners_decoder(generic: Callable[[Any, Decoding], Any] | None
         return owners
 
     return decode
+
+
+def wire_names(fields: list[Any]) -> dict[str, Any]:
+    """attrs ``fields`` by their names on the wire (a field's ``WIRE_NAME``
+    metadata, or its own)."""
+    return {f.metadata.get(WIRE_NAME, f.name): f for f in fields}
+
+
+def packed_ints_codec(where: str) -> tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]:
+    """Encoder and decoder of a field of packed ints (``state.pack_ints``)."""
+    def decode(value: Any, _: Any) -> bytes:
+        try:
+            return pack_ints(value)
+        except (TypeError, OverflowError):
+            raise LogCorrupt(f"snapshot: {where} holds a value that is no 64-bit integer") from None
+    return (lambda value, _: unpack_ints(value)), decode

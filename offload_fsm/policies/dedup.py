@@ -50,7 +50,7 @@ from collections.abc import Iterator, Sequence
 from offload_fsm.rules.buffer import count_drop
 from offload_fsm.rules.pins import decref, release_pinned, unpin
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import STORED_KEYS_MAX, Op, RequestState, State
+from offload_fsm.state import PACKED_INT_BYTES, STORED_KEYS_MAX, Op, RequestState, State
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.decisions import DropCause, OpsDropped, StoredChunksForgotten
 from offload_fsm.vocabulary.errors import InvalidEvent
@@ -152,8 +152,8 @@ def trim(state: State, rec: RequestState, op: Op, chunks: int, scope: Scope) -> 
     )
     op.start_token += cut_tokens
     state.live_tokens[op.status] -= cut_tokens
-    op.block_ids = op.block_ids[cut_blocks:]
-    op.block_hashes = op.block_hashes[cut_blocks:]
+    cut = cut_blocks * PACKED_INT_BYTES
+    op.packed_ids, op.packed_hashes = op.packed_ids[cut:], op.packed_hashes[cut:]
 
 
 def unclaim(state: State, ops: Sequence[Op], stored: bool) -> None:

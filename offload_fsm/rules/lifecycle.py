@@ -17,6 +17,8 @@ ledger; admissions start it.
 
 from __future__ import annotations
 
+from typing import cast
+
 from offload_fsm.rules import tail_flush
 from offload_fsm.rules.buffer import (
     drop_pending,
@@ -28,7 +30,7 @@ from offload_fsm.rules.buffer import (
 from offload_fsm.rules.legality import move
 from offload_fsm.rules.pins import release
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import Op, OpStatus, Phase, RequestState, State
+from offload_fsm.state import Op, OpStatus, Phase, RequestState, State, pack_ints
 from offload_fsm.vocabulary.commands import EndSession
 from offload_fsm.vocabulary.counters import REJECTED, Counter
 from offload_fsm.vocabulary.decisions import DropCause, OpRejected, RejectReason
@@ -74,11 +76,13 @@ def on_lookup_answered(state: State, event: LookupAnswered, scope: Scope) -> Non
 def on_offered(state: State, event: CandidateOffered, scope: Scope) -> None:
     rec = state.requests[event.req_id]
     _check_offer(rec, event)
+    hashed = None not in event.block_hashes
+    packed_ids, packed_hashes = _packed(event, hashed)
     rec.next_start_token = event.end_token
     if rec.broken:
         _reject(state, event, RejectReason.PREFIX_BROKEN, scope)
         return
-    if None in event.block_hashes:
+    if not hashed:
         rec.broken = True
         _reject(state, event, RejectReason.UNHASHED, scope)
         return
@@ -87,8 +91,8 @@ def on_offered(state: State, event: CandidateOffered, scope: Scope) -> None:
         req=rec,
         start_token=event.start_token,
         end_token=event.end_token,
-        block_ids=event.block_ids,
-        block_hashes=event.block_hashes,
+        packed_ids=packed_ids,
+        packed_hashes=packed_hashes,
         time_s=event.time_s,
         blocks_per_chunk=event.blocks_per_chunk,
     )
@@ -136,6 +140,19 @@ def _check_offer(rec: RequestState, event: CandidateOffered) -> None:
             f"range starts at {event.start_token}, expected {rec.next_start_token} "
             "(ranges of a request must be contiguous)",
         )
+
+
+def _packed(event: CandidateOffered, hashed: bool) -> tuple[bytes, bytes]:
+    """The offer's block ids and (``hashed``: all there) hashes, packed as an
+    op holds them; refuses a value that is no 64-bit signed integer."""
+    try:
+        hashes = cast("tuple[int, ...]", event.block_hashes)  # ``hashed``: no None
+        return pack_ints(event.block_ids), pack_ints(hashes) if hashed else b""
+    except (TypeError, OverflowError):
+        raise InvalidEvent(
+            event.TAG, event.req_id,
+            "block ids and hashes must be integers from -2**63 to 2**63 - 1",
+        ) from None
 
 
 def _reject(

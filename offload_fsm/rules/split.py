@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import Op, RequestState, State
+from offload_fsm.state import PACKED_INT_BYTES, Op, RequestState, State
 from offload_fsm.vocabulary.counters import Counter
 from offload_fsm.vocabulary.decisions import OpSplit, SplitReason
 
@@ -57,20 +57,21 @@ def split(
 ) -> Op:
     """Cut buffered ``op`` after ``front_blocks`` blocks (whole chunks, fewer
     than all); the front keeps the op's id, pins and deadline. Returns the rest."""
-    assert 0 < front_blocks < len(op.block_ids), "a cut keeps both sides non-empty"
-    block_tokens = -(-op.tokens // len(op.block_ids))  # only the last block may be partial
+    blocks = op.num_blocks
+    assert 0 < front_blocks < blocks, "a cut keeps both sides non-empty"
+    block_tokens = -(-op.tokens // blocks)  # only the last block may be partial
     split_token = op.start_token + front_blocks * block_tokens
     hooks = scope.hooks
     hooks.unbuffered(state, [op])
+    cut = front_blocks * PACKED_INT_BYTES
     rest = Op(op_id=state.next_op_id, req=rec, start_token=split_token,
-              end_token=op.end_token, block_ids=op.block_ids[front_blocks:],
-              block_hashes=op.block_hashes[front_blocks:], time_s=op.time_s,
+              end_token=op.end_token, packed_ids=op.packed_ids[cut:],
+              packed_hashes=op.packed_hashes[cut:], time_s=op.time_s,
               blocks_per_chunk=op.blocks_per_chunk, pinned=op.pinned)
     state.next_op_id += 1
     start, end = op.start_token, op.end_token
     op.end_token = split_token
-    op.block_ids = op.block_ids[:front_blocks]
-    op.block_hashes = op.block_hashes[:front_blocks]
+    op.packed_ids, op.packed_hashes = op.packed_ids[:cut], op.packed_hashes[:cut]
     rec.ops.insert(rec.ops.index(op) + 1, rest)
     state.live_ops[rest.status] += 1  # the tokens only changed hands
     hooks.admitted(state, op, scope)

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from offload_fsm.policies import blockindex
 from offload_fsm.policies.eviction_aware import HOOKS
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import Holders, Op, RequestState, holders, new_state
+from offload_fsm.state import Holders, Op, RequestState, holders, new_state, pack_ints
 from tests.offload_fsm.helpers import ea
 
 SIZE = 3  # blocks per chunk
@@ -34,7 +34,8 @@ class BlockIndexMachine(RuleBasedStateMachine):
     def _index(self, blocks: tuple[int, ...]) -> None:
         rec = RequestState(req_id=f"r{self.next_id}")
         op = Op(op_id=self.next_id, req=rec, start_token=0, end_token=32 * len(blocks),
-                block_ids=blocks, block_hashes=tuple(b * 7 for b in blocks), time_s=0.0,
+                packed_ids=pack_ints(blocks), packed_hashes=pack_ints(b * 7 for b in blocks),
+                time_s=0.0,
                 blocks_per_chunk=SIZE)
         self.next_id += 1
         blockindex.index(self.state, op, Scope(HOOKS))

@@ -8,13 +8,13 @@ import attrs
 import pytest
 
 from offload_fsm import digest
-from offload_fsm.state import Batch, Op, RequestState, State
+from offload_fsm.state import WIRE_NAME, Batch, Op, RequestState, State
 
 
 @pytest.mark.parametrize("cls", [State, RequestState, Op, Batch], ids=lambda c: c.__name__)
 def test_every_field_is_digested_or_excluded_and_nothing_else(cls: type) -> None:
     digested, excluded = digest.coverage()[cls]
-    fields = [field.name for field in attrs.fields(cls)]
+    fields = [field.metadata.get(WIRE_NAME, field.name) for field in attrs.fields(cls)]
     assert sorted(digested + excluded) == sorted(fields)
     assert set(digested).isdisjoint(excluded)
 

@@ -537,6 +537,11 @@ INVALID: dict[str, tuple[Callable[[Harness], Event], str]] = {
                                    block_ids=(1, 2), block_hashes=(5,), time_s=h.time_s),
         "2 block ids but 1 hashes",
     ),
+    "hash_past_64_bits": (
+        lambda h: CandidateOffered(req_id="live", start_token=64, end_token=128,
+                                   block_ids=(1, 2), block_hashes=(5, 1 << 63), time_s=h.time_s),
+        r"block ids and hashes must be integers from -2\*\*63 to 2\*\*63 - 1",
+    ),
     "candidate_after_finish": (
         lambda h: CandidateOffered(req_id="a", start_token=64, end_token=128,
                                    block_ids=(1, 2), block_hashes=(5, 6), time_s=h.time_s),

@@ -14,7 +14,16 @@ from offload_fsm.invariants import check_all
 from offload_fsm.log import snapshot
 from offload_fsm.log.wire import outcome_wire, packb, unpackb
 from offload_fsm.machine import step
-from offload_fsm.state import DERIVED, Batch, Op, RequestState, State, holders, new_state
+from offload_fsm.state import (
+    DERIVED,
+    WIRE_NAME,
+    Batch,
+    Op,
+    RequestState,
+    State,
+    holders,
+    new_state,
+)
 from offload_fsm.testing.synthetic import default_config, run_workload
 from offload_fsm.vocabulary.config import Policy
 from offload_fsm.vocabulary.errors import LogCorrupt
@@ -98,12 +107,14 @@ def test_shared_objects_stay_shared() -> None:
 def test_every_field_of_every_record_class_is_on_the_wire() -> None:
     """A field added to a state class later travels without a change to
     log/snapshot.py (the codec is derived from the attrs fields). Only the
-    config (in the header) and the derived indexes stay off."""
+    config (in the header) and the derived indexes stay off; a field with a
+    wire name travels under it."""
     names = dict(snapshot.take(new_state(default_config(), world_size=1))[1])
     for cls in (State, RequestState, Op, Batch):
-        expected = [f.name for f in attrs.fields(cls)
+        expected = [f.metadata.get(WIRE_NAME, f.name) for f in attrs.fields(cls)
                     if f.name != "config" and f.name not in DERIVED]
         assert list(names[cls.__name__]) == expected
+    assert names["Op"][4:6] == ("block_ids", "block_hashes")  # not the packed fields' names
 
 
 def test_an_older_snapshot_without_a_field_takes_its_default() -> None:
@@ -161,7 +172,8 @@ def test_owners_travel_flat_and_format_1_snapshots_still_restore() -> None:
 
 
 @pytest.mark.parametrize("damage", ["short", "format", "unknown_field", "bad_ref",
-                                    "owners", "owners_extra"])
+                                    "owners", "owners_extra", "op_hash_past_64_bits",
+                                    "op_block_id_not_an_int"])
 def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
     world = run_workload(requests=6, seed=2, pool_blocks=24, concurrency=3, max_chunks=3)
     state = new_state(world.state.config, world_size=2)
@@ -189,6 +201,12 @@ def test_malformed_snapshots_raise_log_corrupt(damage: str) -> None:
         blocks, counts, keys, refs = body[at]
         body[at] = (blocks, counts, (*keys, keys[0]), (*refs, refs[0]))  # a holder of no block
         wire[2] = tuple(body)
+    elif damage.startswith("op_"):  # an op's packed ints: each value must fit 64 bits
+        field = "block_hashes" if "hash" in damage else "block_ids"
+        at = list(dict(wire[1])["Op"]).index(field)
+        first = list(wire[4][0])
+        first[at] = (1 << 64, *first[at][1:]) if "hash" in damage else ("7", *first[at][1:])
+        wire[4] = (tuple(first), *wire[4][1:])
     else:
         wire[3] = ()  # requests table gone, references dangle
     with pytest.raises(LogCorrupt):
