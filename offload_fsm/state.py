@@ -159,15 +159,33 @@ class Holders(dict[int, Op]):
     all, so an op joining or leaving the run is one dict update, not one per
     block. A plain dict is an entry of one block (snapshots restore those; an
     entry whose blocks part ways inside a chunk is split into them, one cut
-    at a chunk boundary into two runs, ``blockindex``)."""
+    at a chunk boundary into two runs, ``blockindex``). Like an op's, its
+    blocks and hashes are held packed (:class:`Op`), and read as tuples."""
 
-    __slots__ = ("blocks", "hashes")
+    __slots__ = ("packed_blocks", "packed_hashes")
 
     def __init__(self, ops: dict[int, Op], blocks: tuple[int, ...],
-                 hashes: tuple[BlockHash, ...]) -> None:
+                 hashes: tuple[int, ...]) -> None:
         super().__init__(ops)
-        self.blocks = blocks
-        self.hashes = hashes
+        self.packed_blocks = pack_ints(blocks)
+        self.packed_hashes = pack_ints(hashes)
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_blocks)
+
+    @property
+    def hashes(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_hashes)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.packed_blocks) // PACKED_INT_BYTES
+
+    def cut(self, blocks: int) -> None:
+        """Keep only the first ``blocks`` blocks and their hashes."""
+        end = blocks * PACKED_INT_BYTES
+        self.packed_blocks, self.packed_hashes = self.packed_blocks[:end], self.packed_hashes[:end]
 
 
 def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:

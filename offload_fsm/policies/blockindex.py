@@ -40,7 +40,7 @@ from operator import is_not
 from offload_fsm.rules.buffer import after_buffer_change, count_drop, maybe_end
 from offload_fsm.rules.pins import release_pinned
 from offload_fsm.rules.scope import Scope
-from offload_fsm.state import Holders, Op, State, holders
+from offload_fsm.state import PACKED_INT_BYTES, Holders, Op, State, holders
 from offload_fsm.vocabulary.decisions import DropCause
 from offload_fsm.vocabulary.events import BlockHash
 
@@ -56,10 +56,10 @@ def index(state: State, op: Op, scope: Scope) -> None:
         stop = min(start + size, end)
         entry = owners.get(ids[start])
         if type(entry) is Holders:
-            joined = _joined_run(owners, entry, ids, snapshot, start, size)
+            joined = _joined_run(owners, entry, op, ids[start], start, size)
             if joined is not None:
                 joined[op.op_id] = op
-                start += len(joined.blocks)
+                start += joined.num_blocks
                 continue
         elif entry is None:
             fresh = _fresh_run(owners, ids, start, size)
@@ -82,31 +82,30 @@ def index(state: State, op: Op, scope: Scope) -> None:
         start = stop
 
 
-def _joined_run(owners: dict[int, Op | dict[int, Op]], shared: Holders, ids: tuple[int, ...],
-                snapshot: tuple[BlockHash, ...], start: int, size: int) -> Holders | None:
+def _joined_run(owners: dict[int, Op | dict[int, Op]], shared: Holders, op: Op,
+                block_id: int, start: int, size: int) -> Holders | None:
     """The entry, cut from ``shared`` at chunk boundaries where needed, whose
-    blocks and hashes ``ids`` and ``snapshot`` repeat from ``start`` on in
-    whole chunks (the op joining it holds them all); None when not even one
-    chunk does."""
-    blocks = shared.blocks
-    if blocks[0] != ids[start]:  # the op starts inside the run
-        at = blocks.index(ids[start])
+    blocks and hashes ``op``'s repeat from its block ``start`` (``block_id``)
+    on, in whole chunks (the op joining it holds them all); None when not
+    even one chunk does. Compares the packed bytes, a chunk's at a time."""
+    if shared.blocks[0] != block_id:  # the op starts inside the run
+        at = shared.blocks.index(block_id)
         if at % size:
             return None
         shared = _cut(owners, shared, at)
-        blocks = shared.blocks
-    length = len(blocks)
-    if ids[start:start + length] == blocks and snapshot[start:start + length] == shared.hashes:
+    blocks, hashes = shared.packed_blocks, shared.packed_hashes
+    first, length, chunk = start * PACKED_INT_BYTES, len(blocks), size * PACKED_INT_BYTES
+    ids, snapshot = op.packed_ids[first:first + length], op.packed_hashes[first:first + length]
+    if ids == blocks and snapshot == hashes:
         return shared
-    hashes, matched = shared.hashes, 0
-    while (matched + size < length
-           and ids[start + matched:start + matched + size] == blocks[matched:matched + size]
-           and snapshot[start + matched:start + matched + size]
-           == hashes[matched:matched + size]):
-        matched += size
+    matched = 0
+    while (matched + chunk < length
+           and ids[matched:matched + chunk] == blocks[matched:matched + chunk]
+           and snapshot[matched:matched + chunk] == hashes[matched:matched + chunk]):
+        matched += chunk
     if not matched:
         return None
-    _cut(owners, shared, matched)
+    _cut(owners, shared, matched // PACKED_INT_BYTES)
     return shared
 
 
@@ -114,10 +113,10 @@ def _cut(owners: dict[int, Op | dict[int, Op]], shared: Holders, at: int) -> Hol
     """Cut ``shared`` after its first ``at`` blocks (a chunk boundary): it keeps
     the front, a new entry with the same holders, in the same order, takes
     the rest; returns the rest."""
-    blocks, hashes = shared.blocks, shared.hashes
-    rest = Holders(dict(shared), blocks[at:], hashes[at:])
-    shared.blocks, shared.hashes = blocks[:at], hashes[:at]
-    owners.update(zip(rest.blocks, repeat(rest)))
+    blocks = shared.blocks
+    rest = Holders(dict(shared), blocks[at:], shared.hashes[at:])
+    shared.cut(at)
+    owners.update(zip(blocks[at:], repeat(rest)))
     return rest
 
 
@@ -213,12 +212,13 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
                 at += len(alone) - 1
                 continue
             if type(entry) is Holders and op_id in entry:
-                shared = entry.blocks
-                if shared == ids[at - 1:at - 1 + len(shared)]:  # the whole run at once
+                run = entry.packed_blocks
+                first = (at - 1) * PACKED_INT_BYTES
+                if run == op.packed_ids[first:first + len(run)]:  # the whole run at once
                     del entry[op_id]
                     if len(entry) == 1:
-                        owners.update(zip(shared, repeat(next(iter(entry.values())))))
-                    at += len(shared) - 1
+                        owners.update(zip(entry.blocks, repeat(next(iter(entry.values())))))
+                    at += entry.num_blocks - 1
                     continue
                 entry = _split(owners, entry, block_id)
             if isinstance(entry, dict) and op_id in entry:
