@@ -22,30 +22,28 @@ prompts, whose key ids differ from vLLM's, hold a copy
 (``connector.shell.candidates``).
 
 Finished requests. A request's buffered ops may wait long after it finished
-(the eviction-aware policy stores them only near the eviction head), and
-then its source would keep vLLM's token list and its ``ConstantList`` alive
-with it: two more objects for every young collection to count and visit.
-So the shell says when a request finishes (:meth:`StoreBuilder.finished`,
-cheap: on vLLM's step) and the next pass, beside the model, packs the
-tokens its STOREs will take into ``bytes`` (:meth:`StoreBuilder.pack`),
-which the cyclic GC does not track, and its cache salt (a ``str``, which it
-does not track either), and lets go of the source. A source with request
+(the eviction-aware policy stores them only near the eviction head), and its
+source would keep three objects alive for every young collection of the
+cyclic GC to count and visit: the ``StoreSource``, vLLM's token list and its
+``ConstantList``. So the shell notes a finish (:meth:`StoreBuilder.finished`:
+a list append on vLLM's step), and the next pass, beside the model, keeps only
+what the request's STOREs take, in forms the GC does not track: its tokens
+packed into ``bytes`` (:meth:`StoreBuilder.pack`, with the core's
+``state.pack_ints``) and its cache salt (a ``str``). A source with request
 configs stays as it is (a dict is tracked anyway), as does one whose key ids
 do not fit 64 bits.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 from lmcache.integration.vllm.lmcache_mp_metadata import LMCacheMPRequestMetadata
 from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
+from offload_fsm.state import pack_ints, unpack_ints
 from offload_fsm.vocabulary.commands import SubmitStore
-
-_PACKED: Final = "q"  # a packed token: a signed 64-bit integer, native byte order
 
 
 class StoreSource(NamedTuple):
@@ -105,8 +103,8 @@ class StoreBuilder:
                     or type(source.cache_salt) is not str:
                 continue
             try:
-                packed = array(_PACKED, source.tokens[: source.num_tokens]).tobytes()
-            except OverflowError:  # a multimodal key id past 64 bits: kept as it is
+                packed = pack_ints(source.tokens[: source.num_tokens])
+            except (TypeError, OverflowError):  # a key id that is no 64-bit int: kept as it is
                 continue
             del latest[req_id]
             self._packed[req_id] = packed
@@ -189,6 +187,5 @@ class StoreBuilder:
 
 
 def _unpacked(packed: bytes, cache_salt: str) -> StoreSource:
-    tokens = array(_PACKED)
-    tokens.frombytes(packed)
+    tokens = unpack_ints(packed)
     return StoreSource(tokens, len(tokens), cache_salt, None)
