@@ -196,11 +196,12 @@ def indexes_agree(state: State) -> list[str]:
             problems.append("owner hash index disagrees with the owners' snapshots")
         for block_id, entry in state.owners.items():
             if type(entry) is Holders and (
-                    block_id not in entry.blocks or len(entry) < 2
-                    or any(state.owners.get(b) is not entry for b in entry.blocks)
-                    or entry.hashes != tuple(map(state.owner_hashes.get, entry.blocks))):
+                    block_id not in entry.block_ids or len(entry) < 2
+                    or any(state.owners.get(b) is not entry for b in entry.block_ids)
+                    or entry.block_hashes
+                    != tuple(map(state.owner_hashes.get, entry.block_ids))):
                 problems.append(f"block {block_id}'s shared holders are not its chunk's "
-                                f"({entry.blocks} -> {sorted(entry)})")
+                                f"({entry.block_ids} -> {sorted(entry)})")
                 break
         stale, live = dict(state.stored_stale), []
         for key in state.stored_order:

@@ -74,8 +74,28 @@ class BatchStatus(enum.Enum):
     IN_FLIGHT = "in_flight"  # submitted, awaiting receipts from every worker
 
 
+class PackedBlocks:
+    """Block ids and their hashes held packed (:func:`pack_ints`), read as tuples."""
+
+    __slots__ = ()
+    packed_ids: bytes
+    packed_hashes: bytes
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_ids)
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        return unpack_ints(self.packed_hashes)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.packed_ids) // PACKED_INT_BYTES
+
+
 @attrs.define(slots=True, eq=False)
-class Op:
+class Op(PackedBlocks):
     """One buffered store operation: a chunk-aligned token range of a request.
 
     Its block ids and their hashes (never None: an op is admitted only with
@@ -96,18 +116,6 @@ class Op:
     blocks_per_chunk: int = 0
     pinned: bool = False
     status: OpStatus = OpStatus.BUFFERED
-
-    @property
-    def block_ids(self) -> tuple[int, ...]:
-        return unpack_ints(self.packed_ids)
-
-    @property
-    def block_hashes(self) -> tuple[int, ...]:
-        return unpack_ints(self.packed_hashes)
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.packed_ids) // PACKED_INT_BYTES
 
     @property
     def tokens(self) -> int:
@@ -152,40 +160,28 @@ class RequestState:
     stray_receipts: int = 0  # receipts still due for a batch abandoned at its lease
 
 
-class Holders(dict[int, Op]):
+class Holders(PackedBlocks, dict[int, Op]):
     """A ``State.owners`` entry that the blocks of a run of whole chunks share
-    (``blocks``, in op order, and their snapshot ``hashes``, as
+    (``block_ids``, in op order, and their snapshot ``block_hashes``, as
     ``owner_hashes`` holds them): every op holding one of them holds them
     all, so an op joining or leaving the run is one dict update, not one per
     block. A plain dict is an entry of one block (snapshots restore those; an
     entry whose blocks part ways inside a chunk is split into them, one cut
-    at a chunk boundary into two runs, ``blockindex``). Like an op's, its
-    blocks and hashes are held packed (:class:`Op`), and read as tuples."""
+    at a chunk boundary into two runs, ``blockindex``). Like an op, it holds
+    its blocks and hashes packed (:class:`Op`)."""
 
-    __slots__ = ("packed_blocks", "packed_hashes")
+    __slots__ = ("packed_ids", "packed_hashes")
 
-    def __init__(self, ops: dict[int, Op], blocks: tuple[int, ...],
-                 hashes: tuple[int, ...]) -> None:
+    def __init__(self, ops: dict[int, Op], block_ids: tuple[int, ...],
+                 block_hashes: tuple[int, ...]) -> None:
         super().__init__(ops)
-        self.packed_blocks = pack_ints(blocks)
-        self.packed_hashes = pack_ints(hashes)
-
-    @property
-    def blocks(self) -> tuple[int, ...]:
-        return unpack_ints(self.packed_blocks)
-
-    @property
-    def hashes(self) -> tuple[int, ...]:
-        return unpack_ints(self.packed_hashes)
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.packed_blocks) // PACKED_INT_BYTES
+        self.packed_ids = pack_ints(block_ids)
+        self.packed_hashes = pack_ints(block_hashes)
 
     def cut(self, blocks: int) -> None:
         """Keep only the first ``blocks`` blocks and their hashes."""
         end = blocks * PACKED_INT_BYTES
-        self.packed_blocks, self.packed_hashes = self.packed_blocks[:end], self.packed_hashes[:end]
+        self.packed_ids, self.packed_hashes = self.packed_ids[:end], self.packed_hashes[:end]
 
 
 def holders(entry: Op | dict[int, Op] | None) -> tuple[Op, ...]:

@@ -88,12 +88,12 @@ def _joined_run(owners: dict[int, Op | dict[int, Op]], shared: Holders, op: Op,
     blocks and hashes ``op``'s repeat from its block ``start`` (``block_id``)
     on, in whole chunks (the op joining it holds them all); None when not
     even one chunk does. Compares the packed bytes, a chunk's at a time."""
-    if shared.blocks[0] != block_id:  # the op starts inside the run
-        at = shared.blocks.index(block_id)
+    if shared.block_ids[0] != block_id:  # the op starts inside the run
+        at = shared.block_ids.index(block_id)
         if at % size:
             return None
         shared = _cut(owners, shared, at)
-    blocks, hashes = shared.packed_blocks, shared.packed_hashes
+    blocks, hashes = shared.packed_ids, shared.packed_hashes
     first, length, chunk = start * PACKED_INT_BYTES, len(blocks), size * PACKED_INT_BYTES
     ids, snapshot = op.packed_ids[first:first + length], op.packed_hashes[first:first + length]
     if ids == blocks and snapshot == hashes:
@@ -113,8 +113,8 @@ def _cut(owners: dict[int, Op | dict[int, Op]], shared: Holders, at: int) -> Hol
     """Cut ``shared`` after its first ``at`` blocks (a chunk boundary): it keeps
     the front, a new entry with the same holders, in the same order, takes
     the rest; returns the rest."""
-    blocks = shared.blocks
-    rest = Holders(dict(shared), blocks[at:], shared.hashes[at:])
+    blocks = shared.block_ids
+    rest = Holders(dict(shared), blocks[at:], shared.block_hashes[at:])
     shared.cut(at)
     owners.update(zip(blocks[at:], repeat(rest)))
     return rest
@@ -186,7 +186,7 @@ def _split(owners: dict[int, Op | dict[int, Op]], shared: Holders, block_id: int
            ) -> dict[int, Op]:
     """Give each block of ``shared`` a dict of its own (their holders are
     about to part ways); returns ``block_id``'s."""
-    for member in shared.blocks:
+    for member in shared.block_ids:
         if owners.get(member) is shared:
             owners[member] = dict(shared)
     mine = owners[block_id]
@@ -212,12 +212,12 @@ def unindex(state: State, ops: Sequence[Op]) -> None:
                 at += len(alone) - 1
                 continue
             if type(entry) is Holders and op_id in entry:
-                run = entry.packed_blocks
+                run = entry.packed_ids
                 first = (at - 1) * PACKED_INT_BYTES
                 if run == op.packed_ids[first:first + len(run)]:  # the whole run at once
                     del entry[op_id]
                     if len(entry) == 1:
-                        owners.update(zip(entry.blocks, repeat(next(iter(entry.values())))))
+                        owners.update(zip(entry.block_ids, repeat(next(iter(entry.values())))))
                     at += entry.num_blocks - 1
                     continue
                 entry = _split(owners, entry, block_id)

@@ -31,7 +31,7 @@ def test_ops_sharing_a_chunk_join_and_leave_one_entry() -> None:
     _offer(h, "b", chunk)
     _offer(h, "c", chunk)
     shared = h.state.owners[chunk[0]]
-    assert type(shared) is Holders and shared.blocks == chunk and len(shared) == 3
+    assert type(shared) is Holders and shared.block_ids == chunk and len(shared) == 3
     assert all(h.state.owners[b] is shared for b in chunk)
     h.feed(RequestPreempted(req_id="b"))
     assert _holders(h, *chunk) == dict.fromkeys(chunk, ["a", "c"])
@@ -109,13 +109,13 @@ def test_ops_sharing_a_run_of_chunks_share_one_entry_cut_where_they_part() -> No
     _offer(h, "a", run)
     _offer(h, "b", run)
     shared = h.state.owners[run[0]]
-    assert type(shared) is Holders and shared.blocks == run
+    assert type(shared) is Holders and shared.block_ids == run
     assert all(h.state.owners[b] is shared for b in run)  # one entry, not one per chunk
     _offer(h, "c", run[:4])  # the first chunk only: the entry is cut after it
     _offer(h, "d", run[8:])  # from the third chunk on: cut again, where d starts
     entries = [h.state.owners[b] for b in (run[0], run[4], run[8])]
-    assert [e.blocks for e in entries] == [run[:4], run[4:8], run[8:]]  # type: ignore[union-attr]
-    assert all(type(e) is Holders and all(h.state.owners[b] is e for b in e.blocks)
+    assert [e.block_ids for e in entries] == [run[:4], run[4:8], run[8:]]  # type: ignore[union-attr]
+    assert all(type(e) is Holders and all(h.state.owners[b] is e for b in e.block_ids)
                for e in entries)
     order = [[op.req.req_id for op in holders(e)] for e in entries]
     assert order == [["a", "b", "c"], ["a", "b"], ["a", "b", "d"]]  # joining order kept

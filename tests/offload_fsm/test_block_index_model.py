@@ -80,9 +80,9 @@ class BlockIndexMachine(RuleBasedStateMachine):
     def shared_entries_are_whole(self) -> None:
         for block, entry in self.state.owners.items():
             if type(entry) is Holders:
-                assert len(entry) >= 2 and block in entry.blocks
-                assert all(self.state.owners[b] is entry for b in entry.blocks)
-                assert entry.hashes == tuple(b * 7 for b in entry.blocks)
+                assert len(entry) >= 2 and block in entry.block_ids
+                assert all(self.state.owners[b] is entry for b in entry.block_ids)
+                assert entry.block_hashes == tuple(b * 7 for b in entry.block_ids)
             elif isinstance(entry, dict):
                 assert len(entry) >= 2, (block, entry)
 
