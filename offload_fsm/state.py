@@ -13,6 +13,7 @@ raw set is iterated where order can reach a decision.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from array import array
 from collections import deque
@@ -42,6 +43,12 @@ def pack_ints(values: Iterable[int]) -> bytes:
 def unpack_ints(packed: bytes) -> tuple[int, ...]:
     """The inverse of :func:`pack_ints`."""
     return struct.unpack(f"{len(packed) // PACKED_INT_BYTES}q", packed)
+
+
+@functools.lru_cache(maxsize=256)
+def _every_nth(step: int, count: int) -> struct.Struct:
+    """Reads the last of each ``step`` packed ints, ``count`` times, skipping the rest."""
+    return struct.Struct(f"{(step - 1) * PACKED_INT_BYTES}xq" * count)
 
 
 class Phase(enum.Enum):
@@ -126,9 +133,10 @@ class Op(PackedBlocks):
         """Each chunk's content key: the hash of its last block. vLLM block hashes
         chain their parents, so it names the whole token prefix the chunk ends,
         which is how LMCache keys the chunk too."""
-        step = self.blocks_per_chunk
-        hashes = self.block_hashes
-        return hashes[step - 1 :: step] if step else hashes[-1:]
+        step, hashes = self.blocks_per_chunk, self.packed_hashes
+        if not step:
+            return struct.unpack_from("q", hashes, len(hashes) - PACKED_INT_BYTES)
+        return _every_nth(step, len(hashes) // (step * PACKED_INT_BYTES)).unpack_from(hashes)
 
 
 @attrs.define(slots=True, eq=False)
@@ -172,11 +180,10 @@ class Holders(PackedBlocks, dict[int, Op]):
 
     __slots__ = ("packed_ids", "packed_hashes")
 
-    def __init__(self, ops: dict[int, Op], block_ids: tuple[int, ...],
-                 block_hashes: tuple[int, ...]) -> None:
+    def __init__(self, ops: dict[int, Op], packed_ids: bytes, packed_hashes: bytes) -> None:
         super().__init__(ops)
-        self.packed_ids = pack_ints(block_ids)
-        self.packed_hashes = pack_ints(block_hashes)
+        self.packed_ids = packed_ids
+        self.packed_hashes = packed_hashes
 
     def cut(self, blocks: int) -> None:
         """Keep only the first ``blocks`` blocks and their hashes."""

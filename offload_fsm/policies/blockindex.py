@@ -72,10 +72,10 @@ def index(state: State, op: Op, scope: Scope) -> None:
         elif type(entry) is Op:
             run = _run_held_alone(owners, hashes, entry, ids, snapshot, start, size)
             if run:
-                blocks = ids[start:start + run]
-                shared = Holders({entry.op_id: entry, op.op_id: op}, blocks,
-                                 snapshot[start:start + run])
-                owners.update(zip(blocks, repeat(shared)))
+                run_bytes = slice(start * PACKED_INT_BYTES, (start + run) * PACKED_INT_BYTES)
+                shared = Holders({entry.op_id: entry, op.op_id: op},
+                                 op.packed_ids[run_bytes], op.packed_hashes[run_bytes])
+                owners.update(zip(ids[start:start + run], repeat(shared)))
                 start += run
                 continue
         _index_blocks(state, op, ids[start:stop], snapshot[start:stop], scope)
@@ -88,13 +88,14 @@ def _joined_run(owners: dict[int, Op | dict[int, Op]], shared: Holders, op: Op,
     blocks and hashes ``op``'s repeat from its block ``start`` (``block_id``)
     on, in whole chunks (the op joining it holds them all); None when not
     even one chunk does. Compares the packed bytes, a chunk's at a time."""
-    if shared.block_ids[0] != block_id:  # the op starts inside the run
-        at = shared.block_ids.index(block_id)
+    first = start * PACKED_INT_BYTES
+    if shared.packed_ids[:PACKED_INT_BYTES] != op.packed_ids[first:first + PACKED_INT_BYTES]:
+        at = shared.block_ids.index(block_id)  # the op starts inside the run
         if at % size:
             return None
         shared = _cut(owners, shared, at)
     blocks, hashes = shared.packed_ids, shared.packed_hashes
-    first, length, chunk = start * PACKED_INT_BYTES, len(blocks), size * PACKED_INT_BYTES
+    length, chunk = len(blocks), size * PACKED_INT_BYTES
     ids, snapshot = op.packed_ids[first:first + length], op.packed_hashes[first:first + length]
     if ids == blocks and snapshot == hashes:
         return shared
@@ -113,10 +114,10 @@ def _cut(owners: dict[int, Op | dict[int, Op]], shared: Holders, at: int) -> Hol
     """Cut ``shared`` after its first ``at`` blocks (a chunk boundary): it keeps
     the front, a new entry with the same holders, in the same order, takes
     the rest; returns the rest."""
-    blocks = shared.block_ids
-    rest = Holders(dict(shared), blocks[at:], shared.block_hashes[at:])
+    cut = at * PACKED_INT_BYTES
+    rest = Holders(dict(shared), shared.packed_ids[cut:], shared.packed_hashes[cut:])
     shared.cut(at)
-    owners.update(zip(blocks[at:], repeat(rest)))
+    owners.update(zip(rest.block_ids, repeat(rest)))
     return rest
 
 
