@@ -45,8 +45,10 @@ from offload_fsm.vocabulary.decisions import DropCause
 from offload_fsm.vocabulary.events import BlockHash
 
 
-def index(state: State, op: Op, scope: Scope) -> None:
-    ids, snapshot, size = op.block_ids, op.block_hashes, op.blocks_per_chunk
+def index(state: State, op: Op, ids: tuple[int, ...], snapshot: tuple[int, ...],
+          scope: Scope) -> None:
+    """Index ``op`` (``ids`` and ``snapshot``: its block ids and their hashes, unpacked)."""
+    size = op.blocks_per_chunk
     if size < 2:
         _index_blocks(state, op, ids, snapshot, scope)
         return

@@ -68,7 +68,8 @@ def _never_stored(state: State, op: Op) -> bool:
     return False
 
 
-def _nothing_admitted(state: State, op: Op, scope: Scope) -> None:
+def _nothing_admitted(state: State, op: Op, block_ids: tuple[int, ...],
+                      block_hashes: tuple[int, ...], scope: Scope) -> None:
     return
 
 

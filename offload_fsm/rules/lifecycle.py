@@ -113,7 +113,7 @@ def on_offered(state: State, event: CandidateOffered, scope: Scope) -> None:
     state.live_tokens[OpStatus.BUFFERED] += op.tokens
     if len(rec.ops) == 1:
         push_deadline(state, rec)
-    hooks.admitted(state, op, scope)
+    hooks.admitted(state, op, event.block_ids, cast("tuple[int, ...]", event.block_hashes), scope)
 
 
 def _check_offer(rec: RequestState, event: CandidateOffered) -> None:

@@ -48,8 +48,9 @@ class PolicyHooks:
     window_depth: Callable[[State, int, int, int, float | None], int]
     # Admission: reject an offered op whose content is all stored already.
     already_stored: Callable[[State, Op], bool]
-    # An op entered its request's buffer.
-    admitted: Callable[[State, Op, Scope], None]
+    # An op entered its request's buffer, with its block ids and hashes as
+    # tuples (the caller has them at hand: the op holds them packed).
+    admitted: Callable[[State, Op, tuple[int, ...], tuple[int, ...], Scope], None]
     # Ops left their request's buffer (selected, dropped).
     unbuffered: Callable[[State, Sequence[Op]], None]
     # Every buffered op leaves at once (shutdown): ``unbuffered`` of them all.

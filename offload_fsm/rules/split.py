@@ -74,8 +74,8 @@ def split(
     op.packed_ids, op.packed_hashes = op.packed_ids[:cut], op.packed_hashes[:cut]
     rec.ops.insert(rec.ops.index(op) + 1, rest)
     state.live_ops[rest.status] += 1  # the tokens only changed hands
-    hooks.admitted(state, op, scope)
-    hooks.admitted(state, rest, scope)
+    hooks.admitted(state, op, op.block_ids, op.block_hashes, scope)
+    hooks.admitted(state, rest, rest.block_ids, rest.block_hashes, scope)
     counters = state.counters
     counters[Counter.ADMITTED_OPS] += 1
     counters[Counter.SPLIT_OPS] += 1

@@ -38,7 +38,7 @@ class BlockIndexMachine(RuleBasedStateMachine):
                 time_s=0.0,
                 blocks_per_chunk=SIZE)
         self.next_id += 1
-        blockindex.index(self.state, op, Scope(HOOKS))
+        blockindex.index(self.state, op, op.block_ids, op.block_hashes, Scope(HOOKS))
         self.ops.append(op)
         for block in blocks:
             self.model.setdefault(block, []).append(op.op_id)
