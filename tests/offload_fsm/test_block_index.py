@@ -24,6 +24,16 @@ def _offer(h: Harness, req: str, blocks: tuple[int, ...], **kwargs: object) -> N
     h.offer(req, blocks=blocks, tokens=32 * len(blocks), blocks_per_chunk=4, **kwargs)
 
 
+def _shared_by_a_and_b(blocks: int) -> tuple[Harness, tuple[int, ...]]:
+    """Requests "a" and "b" each buffer one op over the same ``blocks`` blocks."""
+    h = Harness(ea())
+    h.arrive("a", "b")
+    chunk = h.new_blocks(blocks)
+    _offer(h, "a", chunk)
+    _offer(h, "b", chunk)
+    return h, chunk
+
+
 def test_ops_sharing_a_chunk_join_and_leave_one_entry() -> None:
     h = Harness(ea())
     h.arrive("a", "b", "c")
@@ -92,11 +102,7 @@ def test_a_snapshot_restores_shared_entries_as_one_per_block() -> None:
     from offload_fsm import check_all
     from offload_fsm.log import snapshot
 
-    h = Harness(ea())
-    h.arrive("a", "b")
-    chunk = h.new_blocks(4)
-    _offer(h, "a", chunk)
-    _offer(h, "b", chunk)
+    h, chunk = _shared_by_a_and_b(4)
     restored = snapshot.restore(snapshot.take(h.state), h.state.config)
     assert check_all(restored) == []
     assert not any(type(restored.owners[b]) is Holders for b in chunk)
@@ -148,11 +154,7 @@ def test_a_buffered_op_and_a_shared_run_hold_nothing_the_cyclic_gc_tracks_of_the
 
 
 def _check_held_objects() -> None:
-    h = Harness(ea())
-    h.arrive("a", "b")
-    chunk = h.new_blocks(8)
-    _offer(h, "a", chunk)
-    _offer(h, "b", chunk)
+    h, chunk = _shared_by_a_and_b(8)
     op = h.state.requests["a"].ops[0]
     own = [r for r in gc.get_referents(op) if gc.is_tracked(r) and r is not Op]
     assert sorted(map(id, own)) == sorted(map(id, (op.req, op.status)))
