@@ -31,24 +31,25 @@ WIRE_NAME: Final = "wire_name"  # a field's metadata key: its name in snapshots,
 
 
 PACKED_INT_BYTES: Final = 8  # one value's bytes in a packed sequence (pack_ints)
+_PACKED_INT: Final = "q"  # its struct and array type code: signed, native byte order
 
 
 def pack_ints(values: Iterable[int]) -> bytes:
     """``values`` as 64-bit signed integers in native byte order: raises
     ``TypeError`` for a value that is not an int, ``OverflowError`` for one
     out of range."""
-    return array("q", values).tobytes()
+    return array(_PACKED_INT, values).tobytes()
 
 
 def unpack_ints(packed: bytes) -> tuple[int, ...]:
     """The inverse of :func:`pack_ints`."""
-    return struct.unpack(f"{len(packed) // PACKED_INT_BYTES}q", packed)
+    return struct.unpack(f"{len(packed) // PACKED_INT_BYTES}{_PACKED_INT}", packed)
 
 
 @functools.lru_cache(maxsize=256)
 def _every_nth(step: int, count: int) -> struct.Struct:
     """Reads the last of each ``step`` packed ints, ``count`` times, skipping the rest."""
-    return struct.Struct(f"{(step - 1) * PACKED_INT_BYTES}xq" * count)
+    return struct.Struct(f"{(step - 1) * PACKED_INT_BYTES}x{_PACKED_INT}" * count)
 
 
 class Phase(enum.Enum):
@@ -135,7 +136,7 @@ class Op(PackedBlocks):
         which is how LMCache keys the chunk too."""
         step, hashes = self.blocks_per_chunk, self.packed_hashes
         if not step:
-            return struct.unpack_from("q", hashes, len(hashes) - PACKED_INT_BYTES)
+            return struct.unpack_from(_PACKED_INT, hashes, len(hashes) - PACKED_INT_BYTES)
         return _every_nth(step, len(hashes) // (step * PACKED_INT_BYTES)).unpack_from(hashes)
 
 
