@@ -61,7 +61,7 @@ storing, and rejects candidates whose chunks are all stored.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, islice
 
 from offload_fsm.policies import blockindex, dedup
 from offload_fsm.policies.ea_planner import (
@@ -181,10 +181,12 @@ def _cascade(
     Work per round is what changed: the window drops the blocks the last
     round pinned and takes the next unprotected blocks of the read (those
     are new, and rank last); only a new read's window is compared whole
-    with the blocks seen."""
+    with the blocks seen. Both are set and iterator operations, in C: a
+    burst's drain runs thousands of blocks through its rounds."""
     lookahead, depth, pins = state.config.cascade_lookahead_blocks, ctx.depth_blocks, state.pins
-    window: dict[int, None] = {}  # the read's first D, made when a round first changes it
-    cursor = min(depth, len(read))
+    protected = pins.__contains__
+    window: set[int] = set()  # the read's first D, made when a round first changes it
+    beyond = islice(read, min(depth, len(read)), None)  # the read past the window, in order
     entered: list[int] | None = None  # None: a new read's whole window is to compare
     while True:
         if plan is not None:
@@ -192,18 +194,13 @@ def _cascade(
             if not (plan.window_pinned and ctx.ops_left > 0 and depth > 0):
                 return
             if entered is None:
-                window = dict.fromkeys(read[:depth])  # a read holds no protected block
+                window = set(read[:depth])  # a read holds no protected block
             entered = []
             if lookahead:
-                for block in plan.window_pinned:
-                    if block in pins:  # planned, and protected (dedup may trim a pick)
-                        window.pop(block, None)
-                while len(window) < depth and cursor < len(read):
-                    block = read[cursor]
-                    cursor += 1
-                    if block not in pins:
-                        window[block] = None
-                        entered.append(block)
+                # planned, and protected (dedup may trim a pick)
+                window.difference_update(filter(protected, plan.window_pinned))
+                entered = list(islice(filterfalse(protected, beyond), depth - len(window)))
+                window.update(entered)
             if not lookahead or len(window) < depth:
                 # The rounds after a read protect at most the headroom left of its blocks.
                 ctx.read_depth_blocks = depth + min(lookahead, ctx.pin_headroom_blocks)
