@@ -21,11 +21,13 @@ Contract towards the caller (vLLM's scheduler thread)
   kind of error), so the log can never stop offload.
   The scheduler thread appends each batch to the open *frame* and does no
   I/O for it. The hand-off's own I/O thread, every ``flush_every_s``
-  (10 ms), hands the open frame to ZeroMQ (``zmq.NOBLOCK`` over ``ipc://``:
-  several steps as one message), reads the recorder's replies and watches
-  its process (``Handoff.io_turn``); it runs while the scheduler thread
-  waits for the model, so the step pays no system call and no ZeroMQ
-  wake-up for the log. The scheduler thread hands a frame over itself only
+  (``sender.FLUSH_EVERY_S``, 100 ms), hands the open frame to ZeroMQ
+  (``zmq.NOBLOCK`` over ``ipc://``: many steps as one message), reads the
+  recorder's replies and watches its process (``Handoff.io_turn``), so the
+  step pays no system call and no ZeroMQ wake-up for the log. Each turn
+  wakes ZeroMQ's threads and the recorder's; a long period keeps those
+  wake-ups few, because on a CPU engine each one takes a core from the
+  model's threads. The scheduler thread hands a frame over itself only
   at ``sender.COALESCE_BYTES`` and at once for START, REJECT and END, and
   does what needs the engine's state: a dead recorder's restart and the
   START that ends an outage. An engine killed outright loses at most

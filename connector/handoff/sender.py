@@ -32,9 +32,12 @@ from offload_fsm.vocabulary.config import LOG_BUDGET_MIN_MIB, PREFIX
 from offload_fsm.vocabulary.events import Event
 from offload_fsm.vocabulary.outcome import Outcome
 
-__all__ = ["BUDGET_KEY", "COALESCE_BYTES", "Handoff"]
+__all__ = ["BUDGET_KEY", "COALESCE_BYTES", "FLUSH_EVERY_S", "Handoff"]
 
 COALESCE_BYTES: Final = 64 * 1024  # an open frame is handed over at this size
+# How often the I/O thread wakes: each turn wakes ZeroMQ's threads and the recorder's
+# two in turn, and on a CPU engine every wake-up takes a core from the model's threads.
+FLUSH_EVERY_S: Final = 0.1
 BUDGET_KEY: Final = f"{PREFIX}_log_budget_mib"
 _STEP_HEAD: Final = pack_array_header(5) + packb(Message.STEP)  # a STEP message's first bytes
 _MIB = 1024 * 1024
@@ -58,7 +61,7 @@ class Handoff:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         liveness_every_s: float = 0.5,
-        flush_every_s: float = 0.01,
+        flush_every_s: float = FLUSH_EVERY_S,
         backoff_s: tuple[float, float] = (1.0, 60.0),
         end_wait_s: float = 2.0,
         register_atexit: bool = True,

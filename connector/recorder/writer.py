@@ -24,7 +24,10 @@ Contract towards the caller (the recorder process's main thread)
   I/O error, a stall: below), and the log says so with a GAP. An item that
   fails to encode is counted in ``items_lost``, warned about once, and
   replaced by a GAP of its events.
-* Writes are buffered and flushed to the OS every ``flush_interval_s`` or
+* The thread takes what was appended every ``idle_poll_s`` (an append
+  wakes nothing: the recorder's engine hands over a frame every 100 ms, and
+  on a CPU engine every wake-up takes a core from the model's threads).
+  Writes are buffered and flushed to the OS every ``flush_interval_s`` or
   ``flush_bytes``; files are fsynced on rotation and on :meth:`close`.
   ``close`` is idempotent and registered with :mod:`atexit`, so a normal
   interpreter exit drains the queue and flushes.  A crash loses at most the
@@ -99,7 +102,7 @@ class EventLogWriter(WriterThread):
         probe_bytes: int = 64 * 1024,
         flush_interval_s: float = 0.2,
         flush_bytes: int = 1 << 20,
-        idle_poll_s: float = 0.01,
+        idle_poll_s: float = 0.1,
         register_atexit: bool = True,
         batch_bytes: int = 256 * 1024,
         queue_max_bytes: int = 64 * 1024 * 1024,
