@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the model's forward per step, spent asleep between schedule() and "
                     "update_from_output() as vLLM's engine-core thread waits for its "
                     "executor (default 0: steps back to back)")
+    ap.add_argument("--model-sweep-mib", type=int, default=0,
+                    help="MiB the model's stand-in copies at the start of each --model-ms "
+                    "(the GIL free): a forward pass sweeps the scheduler's working set out of "
+                    "the core's caches, a sleep alone does not (default 0: asleep only)")
     ap.add_argument("--lookups", choices=("keep", "missing"), default="keep",
                     help="what the stand-in LMCache server answers a lookup: keep (default): "
                     "the chunks this arm's workers stored; missing: 0 hit tokens, always (a "
@@ -120,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = [configs[int(i)] for i in a.configs.split(",")]
     print(f"# bench.simulate seed={a.seed} scale={a.scale} receipt_delay_steps="
           f"{a.receipt_delay_steps} world_size={a.world_size} store_failure_rate="
-          f"{a.store_failure_rate} model_ms={a.model_ms:g} lookups={a.lookups} "
+          f"{a.store_failure_rate} model_ms={a.model_ms:g} "
+          f"model_sweep_mib={a.model_sweep_mib} lookups={a.lookups} "
           f"event_log_dir={log_dir}")
     print("# arms: " + "; ".join(f"{x.name}={dict(x.extra)}" for x in all_arms))
     dump = []
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                        max_num_batched_tokens=batched,
                        receipt_delay_steps=a.receipt_delay_steps, world_size=a.world_size,
                        store_failure_rate=a.store_failure_rate, seed=a.seed,
-                       model_ms=a.model_ms, lookups=a.lookups,
+                       model_ms=a.model_ms, model_sweep_mib=a.model_sweep_mib,
+                       lookups=a.lookups,
                        attribute_losses=a.attribute_losses)
         print(f"\n## {preset} / {pool_label} pool: num_gpu_blocks={blocks} "
               f"(block 32 tokens) max_num_seqs={seqs} max_num_batched_tokens="

@@ -113,6 +113,10 @@ class SimParams:
     # The model's forward per step, spent asleep as vLLM's engine-core thread
     # waits for its executor (the GIL free; no connector code runs then).
     model_ms: float = 0.0
+    # MiB of memory the model's stand-in copies at the start of each ``model_ms``
+    # (numpy, the GIL free): a forward pass sweeps the scheduler's working set out
+    # of the core's caches, a sleep does not; 0: asleep only.
+    model_sweep_mib: int = 0
     # "keep": the stand-in answers lookups from what the workers stored; "missing":
     # every lookup answers 0 hit tokens (a server that keeps nothing).
     lookups: str = "keep"

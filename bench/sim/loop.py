@@ -21,7 +21,8 @@ Theory of operation, per step::
              RETRIEVEs finished now; eager delayed frees once the request's stores
              are done                                # bench.sim.workers
     model: the next scripted token for every request past its prompt
-    (SimParams.model_ms asleep: in no timer; ours' pass runs meanwhile)
+    (SimParams.model_ms, in no timer, asleep after sweeping model_sweep_mib;
+     ours' pass runs meanwhile)
     loss attribution: what the drain pinned          # (only with attribute_losses)
     scheduler.update_from_output(so, ModelRunnerOutput)   # timed
     finished turns -> their sessions' next turns; the Request let go
@@ -43,6 +44,8 @@ import gc
 import time
 from typing import Any
 
+import numpy as np
+
 from bench.sim import hooks, standin
 from bench.sim.arms import BLOCK_TOKENS, ArmSpec, SimParams, build_engine
 from bench.sim.arrivals import Arrivals
@@ -62,6 +65,9 @@ class Sim:
         self.clocks = hooks.Clocks()
         self.res = ArmResult(arm=arm.name)
         self._gc_started = 0.0  # the running collection's start (``_collected``)
+        floats = params.model_sweep_mib << 18  # 4-byte floats in that many MiB
+        self._sweep = (np.ones(floats, dtype=np.float32), np.zeros(floats, dtype=np.float32)) \
+            if floats else None  # what the model's stand-in copies from and to
         self.step = 0
         self.lm = standin.SimLMCache(BLOCK_TOKENS, params.world_size,
                                      keeps=params.lookups == "keep")
@@ -175,7 +181,11 @@ class Sim:
         if self.arm.lazy and self.view.ours:  # ours drains beside the model, from here
             self.before_drain()
         if self.p.model_ms:  # between the two timed calls: in no timer
-            time.sleep(self.p.model_ms / 1e3)
+            model_s = self.p.model_ms / 1e3
+            started = time.perf_counter()
+            if self._sweep is not None:
+                np.copyto(self._sweep[1], self._sweep[0])
+            time.sleep(max(0.0, model_s - (time.perf_counter() - started)))
         if self.arm.lazy:  # the drain is over (ours' pass: a pool read waits for it)
             self.after_drain()
         i2 = clocks.instr_s
