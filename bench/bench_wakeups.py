@@ -60,6 +60,7 @@ def switches(pid: int) -> Counter[str]:
             continue
     return counts
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-per-s", type=float, default=150.0,
