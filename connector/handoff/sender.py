@@ -35,9 +35,7 @@ from offload_fsm.vocabulary.outcome import Outcome
 __all__ = ["BUDGET_KEY", "COALESCE_BYTES", "FLUSH_EVERY_S", "Handoff"]
 
 COALESCE_BYTES: Final = 64 * 1024  # an open frame is handed over at this size
-# How often the I/O thread wakes: each turn wakes ZeroMQ's threads and the recorder's
-# two in turn, and on a CPU engine every wake-up takes a core from the model's threads.
-FLUSH_EVERY_S: Final = 0.1
+FLUSH_EVERY_S: Final = 0.1  # the I/O thread's period (the package docstring says why)
 BUDGET_KEY: Final = f"{PREFIX}_log_budget_mib"
 _STEP_HEAD: Final = pack_array_header(5) + packb(Message.STEP)  # a STEP message's first bytes
 _MIB = 1024 * 1024
@@ -47,8 +45,7 @@ class Handoff:
     """See the module docstring. ``launch`` starts a recorder and returns its
     link (it raises when it cannot); ``clock`` is monotonic seconds;
     ``io_thread`` starts the hand-off's I/O thread (:meth:`io_turn`); without it
-    (tests) the scheduler thread does that I/O at a batch boundary every
-    ``flush_every_s``."""
+    (tests) the scheduler thread does that I/O at a batch boundary every ``flush_every_s``."""
 
     def __init__(
         self,
