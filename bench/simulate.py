@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-factors", default="",
                     help=f"comma-separated pool multipliers (default {SWEEP_FACTORS})")
     a = ap.parse_args(argv)
+    if a.model_sweep_mib < 0:
+        ap.error(f"--model-sweep-mib {a.model_sweep_mib}: expected an integer >= 0 (MiB)")
     log_dir = tempfile.mkdtemp(prefix="bench-eventlog-")
     all_arms = standard_arms(log_dir)
     if a.arms:

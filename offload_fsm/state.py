@@ -177,7 +177,7 @@ class Holders(PackedBlocks, dict[int, Op]):
     block. A plain dict is an entry of one block (snapshots restore those; an
     entry whose blocks part ways inside a chunk is split into them, one cut
     at a chunk boundary into two runs, ``blockindex``). Like an op, it holds
-    its blocks and hashes packed (:class:`Op`)."""
+    its blocks and hashes packed (:class:`PackedBlocks`)."""
 
     __slots__ = ("packed_ids", "packed_hashes")
 
