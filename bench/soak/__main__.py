@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import bench.soak
+from bench.soak import cpu
 from bench.soak.engine import (
     Sampler,
     api_server,
     dir_bytes,
     end_state,
+    processes,
     scrape,
     settle,
     warning_kinds,
@@ -112,6 +114,8 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
             t0_file.write_text(repr(time.time()))
             sampler = Sampler(port, api_pid, log_dir if arm == "ours" else None, t0)
             sampler.start()
+            lmcache_pid = server.pid if server is not None else None
+            cpu_before = cpu.reading(processes(api_pid), lmcache_pid)
             traffic = Traffic(port, str(model_dir), args.seed, args.concurrency,
                               t0 + duration_s, t0,
                               turns.gate(arm) if turns is not None else None)
@@ -129,6 +133,8 @@ def run_arm(arm: str, minutes: float, model_dir: Path, out: Path,
                     args.lease_s)
             traffic.join()
             result["traffic_s"] = round(time.monotonic() - t0, 1)
+            result["cpu_s"] = cpu.spent(cpu_before, cpu.reading(processes(api_pid),
+                                                                lmcache_pid))
             result["settle"] = settle(port, arm.startswith("ours"))
             sampler.stop()
             final = scrape(port)

@@ -216,6 +216,13 @@ def report(results: list[dict[str, Any]]) -> str:
     lines.append("RSS over time (MiB; engine core / recorder):")
     lines.append("")
     lines += rss_table(arms)
+    if any(r.get("cpu_s") for r in arms):
+        lines.append("")
+        lines.append("CPU seconds per 100 requests during the traffic, by process and by "
+                     "engine-core thread (bench.soak.cpu; with --interleave the other arms' "
+                     "turns are in the span too):")
+        lines.append("")
+        lines += cpu_table(arms)
     lines.append("")
     lines.append("WARNING/ERROR lines by kind (the server log):")
     lines.append("")
@@ -250,6 +257,30 @@ def rss_table(arms: list[dict[str, Any]]) -> list[str]:
             cells.append(f"{_f(s.get('engine_rss_mib'), '{:.0f}')}"
                          + (f" / {rec:.0f}" if rec is not None else ""))
         lines.append(f"| {mark / 60:g} min | " + " | ".join(cells) + " |")
+    return lines
+
+
+def cpu_table(arms: list[dict[str, Any]], threads_shown: int = 8) -> list[str]:
+    """Rows of CPU seconds per 100 requests: each process role, then the engine
+    core's busiest threads (by the most any arm spent in them)."""
+    def per_100(r: dict[str, Any], key: str, name: str) -> str:
+        seconds = (r.get("cpu_s") or {}).get(key, {}).get(name)
+        count = r["figures"]["requests"]
+        return "-" if seconds is None or not count else f"{seconds * 100 / count:.2f}"
+
+    lines = ["| | " + " | ".join(r["name"] for r in arms) + " |",
+             "|---" * (len(arms) + 1) + "|"]
+    for role in ("api", "engine", "workers", "other", "recorder", "lmcache"):
+        if any(role in (r.get("cpu_s") or {}).get("roles", {}) for r in arms):
+            lines.append(f"| {role} | " + " | ".join(per_100(r, "roles", role)
+                                                    for r in arms) + " |")
+    busiest: dict[str, float] = {}
+    for r in arms:
+        for name, seconds in (r.get("cpu_s") or {}).get("engine_threads", {}).items():
+            busiest[name] = max(busiest.get(name, 0.0), seconds)
+    for name in sorted(busiest, key=busiest.__getitem__, reverse=True)[:threads_shown]:
+        lines.append(f"| engine thread `{name}` | " + " | ".join(
+            per_100(r, "engine_threads", name) for r in arms) + " |")
     return lines
 
 

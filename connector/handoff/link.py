@@ -19,13 +19,16 @@ from typing import Any, Final, Protocol
 
 import attrs
 
+from connector.threadname import name_this_thread
+
 __all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "InFlight", "Link", "growth", "io_loop"]
 
+EXIT_UNSAID: Final = -1  # a recorder that ended without telling its exit code: a signal
 # What one frame's bookkeeping is charged against the budget: the hand-off's
 # entry for it (a tuple of two ints in a deque: about 130 bytes) and
 # ZeroMQ's (a 64-byte message slot in its pipe and the allocation's header).
-EXIT_UNSAID: Final = -1  # a recorder that ended without telling its exit code: a signal
 FRAME_BYTES: Final = 512
+IO_THREAD_NAME: Final = "lazy-handoff-io"  # the I/O thread's name to the OS (top -H)
 
 
 class Link(Protocol):
@@ -163,6 +166,7 @@ def exit_cause(code: int) -> tuple[str, str]:
 def io_loop(ref: weakref.ref[Any], period_s: float) -> None:
     """The I/O thread's loop over a hand-off (``Handoff.io_turn``); it ends
     with its hand-off (closed, or gone)."""
+    name_this_thread(IO_THREAD_NAME)
     period_s = max(period_s, 0.001)
     while True:
         time.sleep(period_s)

@@ -41,8 +41,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
+from connector.threadname import name_this_thread
+
 __all__ = ["Beside", "guard_pool"]
 
+PASS_THREAD_NAME: Final = "lazy-pass"  # the pass thread's name to the OS (top -H)
 _JOIN_S: Final = 1.0  # how long close waits for the thread to end
 
 
@@ -113,6 +116,7 @@ class Beside:
             thread.join(timeout=_JOIN_S)
 
     def _run(self) -> None:
+        name_this_thread(PASS_THREAD_NAME)
         while True:
             self._go.acquire()
             job, self._job = self._job, None
