@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from connector.threadname import name_this_thread
+from connector.background import name_this_thread, yield_to_serving
 
 __all__ = ["FRAME_BYTES", "Backoff", "HandoffStats", "InFlight", "Link", "growth", "io_loop"]
 
@@ -167,6 +167,7 @@ def io_loop(ref: weakref.ref[Any], period_s: float) -> None:
     """The I/O thread's loop over a hand-off (``Handoff.io_turn``); it ends
     with its hand-off (closed, or gone)."""
     name_this_thread(IO_THREAD_NAME)
+    yield_to_serving()  # nobody waits on this thread (connector.background)
     period_s = max(period_s, 0.001)
     while True:
         time.sleep(period_s)

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-from connector.threadname import name_this_thread
+from connector.background import name_this_thread
 
 __all__ = ["Beside", "guard_pool"]
 
