@@ -309,7 +309,14 @@ def end_state(samples: Samples, ours: bool) -> dict[str, Any]:
                                                "vllm:external_prefix_cache_queries_total"),
         "external_prefix_cache_hits": total(samples, "vllm:external_prefix_cache_hits_total"),
         "preemptions": total(samples, "vllm:num_preemptions_total"),
+        "engine_steps": total(samples, "vllm:iteration_tokens_total_count"),
+        "step_tokens": total(samples, "vllm:iteration_tokens_total_sum"),
     }
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_decode_time_seconds", "time_to_first_token_seconds",
+                 "lmcache_mp_lookup_duration_seconds"):
+        count = total(samples, f"vllm:{name}_count")
+        out[f"mean_{name}"] = total(samples, f"vllm:{name}_sum") / count if count else None
     if ours:
         out.update({
             "pinned_blocks": per_engine(samples, f"{P}pinned_blocks"),

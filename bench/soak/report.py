@@ -120,6 +120,13 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     out["external_hit_share"] = (end.get("external_prefix_cache_hits", 0) / queries
                                  if queries else None)
     out["preemptions"] = end.get("preemptions")
+    steps = end.get("engine_steps")
+    out["steps_per_request"] = steps / len(requests) if steps and requests else None
+    out["tokens_per_step"] = end.get("step_tokens", 0) / steps if steps else None
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_decode_time_seconds", "time_to_first_token_seconds",
+                 "lmcache_mp_lookup_duration_seconds"):
+        out[f"mean_{name}"] = end.get(f"mean_{name}")
     if result["arm"].startswith("ours"):
         out["pinned_end"] = end.get("pinned_blocks")
         out["in_flight_end"] = end.get("in_flight_batches")
@@ -189,6 +196,16 @@ def report(results: list[dict[str, Any]]) -> str:
     row("LMCache hit share of external queries",
         lambda r: _f(fig(r)["external_hit_share"], "{:.1%}"))
     row("preemptions", lambda r: _f(fig(r)["preemptions"], "{:.0f}"))
+    row("engine steps per request, tokens per step (whole server life)",
+        lambda r: f"{_f(fig(r)['steps_per_request'], '{:.1f}')}, "
+        f"{_f(fig(r)['tokens_per_step'], '{:.1f}')}")
+    row("mean ms: queued / prefill / decode / first token / LMCache lookup",
+        lambda r: " / ".join(_f(None if fig(r)[k] is None else fig(r)[k] * 1e3, "{:.0f}")
+                             for k in ("mean_request_queue_time_seconds",
+                                       "mean_request_prefill_time_seconds",
+                                       "mean_request_decode_time_seconds",
+                                       "mean_time_to_first_token_seconds",
+                                       "mean_lmcache_mp_lookup_duration_seconds")))
     for key, label in (("engine_rss", "engine core"), ("recorder_rss", "recorder")):
         row(f"{label} RSS MiB: first / after warm-up / end / max",
             lambda r, k=key: "-" if not fig(r)[k] else
