@@ -55,19 +55,20 @@ apply_e2e_env()
 UNRELIABLE_SERVER_SETTINGS = {"lmcache.mp.heartbeat_interval": 1.0,
                               "lmcache.mp.mq_timeout": 5.0}
 ARM_NAMES = {"ours": "ours EA", "ours_log_off": "ours EA, log off", "none": "no connector",
-             "stock_eager": "stock eager"}
+             "stock_eager": "stock eager", "stock_lazy": "LMCache's own lazy EA"}
 
 
 def transfer_config(arm: str, server: LMCacheServer | None, log_dir: Path,
                     args: argparse.Namespace) -> dict[str, Any] | None:
     if arm == "none" or server is None:
         return None
-    if arm == "stock_eager":
+    if arm in ("stock_eager", "stock_lazy"):
+        lazy = {"lmcache.mp.lazy_offload": True} if arm == "stock_lazy" else {}
         return {"kv_connector": "LMCacheMPConnector",
                 "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
                 "kv_role": "kv_both",
                 "kv_connector_extra_config": server.connector_config(
-                    **UNRELIABLE_SERVER_SETTINGS)}
+                    **UNRELIABLE_SERVER_SETTINGS, **lazy)}
     return {"kv_connector": "EventSourcedLMCacheMPConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": server.connector_config(**{
                 **UNRELIABLE_SERVER_SETTINGS,

@@ -40,6 +40,8 @@ from typing import Any
 
 from bench.soak.engine import SAMPLE_EVERY_S
 
+PACE_MIN_TOKENS = 8  # a request's latency per output token, for requests this long or longer
+
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (seconds, MiB) in MiB per hour."""
@@ -120,6 +122,9 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     out["external_hit_share"] = (end.get("external_prefix_cache_hits", 0) / queries
                                  if queries else None)
     out["preemptions"] = end.get("preemptions")
+    paces = [r["latency_s"] / r["completion_tokens"] for r in requests
+             if r.get("completion_tokens", 0) >= PACE_MIN_TOKENS]
+    out["pace_p50_ms"] = None if not paces else (percentile(paces, 0.50) or 0.0) * 1e3
     steps = end.get("engine_steps")
     out["steps_per_request"] = steps / len(requests) if steps and requests else None
     out["tokens_per_step"] = end.get("step_tokens", 0) / steps if steps else None
@@ -196,6 +201,8 @@ def report(results: list[dict[str, Any]]) -> str:
     row("LMCache hit share of external queries",
         lambda r: _f(fig(r)["external_hit_share"], "{:.1%}"))
     row("preemptions", lambda r: _f(fig(r)["preemptions"], "{:.0f}"))
+    row(f"request latency per output token, p50 ms (requests of {PACE_MIN_TOKENS}+ tokens)",
+        lambda r: _f(fig(r)["pace_p50_ms"], "{:.1f}"))
     row("engine steps per request, tokens per step (whole server life)",
         lambda r: f"{_f(fig(r)['steps_per_request'], '{:.1f}')}, "
         f"{_f(fig(r)['tokens_per_step'], '{:.1f}')}")
