@@ -2,7 +2,10 @@
 by the process and thread they run in: ``connector.shell`` (vLLM's
 scheduler thread: the connector class and the manager that feeds the core),
 ``connector.handoff`` (the engine's side of the event log) and
-``connector.recorder`` (the recorder process that writes it).
+``connector.recorder`` (the recorder process that writes it); and one
+module all three use, ``connector.background``: how the connector's own
+threads and its recorder present themselves to the operating system (their
+names, and the lowest priority for the work nobody waits on).
 
 Load it in vLLM with ``"kv_connector": "EventSourcedLMCacheMPConnector",
 "kv_connector_module_path": "connector"`` (or by name alone once the
