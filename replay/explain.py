@@ -13,7 +13,9 @@ per worker. It also keeps a chronological list of every line.
 Every drop gets a *cause chain* under its line (and in ``OpStory.chain``):
 for a stale or evicted drop, the block's hash when buffered and when re-read,
 and what changed it (a recorded prefix-cache reset, the request the block was
-reallocated to, or a hash cleared with nothing in the log to say why); for a
+reallocated to, or a hash cleared with nothing in the log to say why), and for
+an evicted op whose every chunk another request's completed batch had stored,
+that batch and that nothing was lost; for a
 duplicate, the request and batch whose completed store holds the content
 (or that it was stored before the replay began); for every cause, what the
 pins did (``OpStory.pins``: protected at finish or at selection, the shield
@@ -89,6 +91,7 @@ class ExplainObserver:
         self.changes: dict[int, list[tuple[int, int, BlockHash]]] = {}  # our block -> changes
         self.read: dict[int, tuple[int, ...]] = {}  # our batch -> the block ids it re-read
         self.hashes_now: dict[int, BlockHash] = {}  # our block -> hash read at verification
+        self.dropped_content: list[int] = []  # content keys of the drop being narrated
         self.event: Event | None = None  # the event whose decisions are being narrated
 
     # -- helpers ------------------------------------------------------------
@@ -162,10 +165,11 @@ class ExplainObserver:
         for decision in outcome.decisions:
             self._on_any_decision(seq, decision, state)
             if getattr(decision, "req_id", None) == me:
-                keys = self._duplicate_keys(decision)
+                keys = self._dropped_keys(decision)
+                self.dropped_content = keys or []
                 self._on_decision(seq, decision, self.tracker.decided(decision, state), state)
-                if keys is not None:
-                    assert isinstance(decision, OpsDropped)
+                if keys is not None and isinstance(decision, OpsDropped) \
+                        and decision.cause is DropCause.DUPLICATE:
                     self._name_storers(decision, keys)
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
@@ -197,13 +201,13 @@ class ExplainObserver:
             assert isinstance(decision, StoreAbandoned)
             self.submitted_keys.pop(decision.batch_id, None)
 
-    def _duplicate_keys(self, decision: object) -> list[int] | None:
-        """For a duplicate drop of ours, the content keys it leaves out (read
-        before the tracker trims or drops the ops)."""
+    def _dropped_keys(self, decision: object) -> list[int] | None:
+        """For a duplicate or evicted drop of ours, the content keys it drops
+        (read before the tracker trims or drops the ops)."""
         if type(decision) is not OpsDropped:
             return None
         assert isinstance(decision, OpsDropped)
-        if decision.cause is not DropCause.DUPLICATE:
+        if decision.cause not in (DropCause.DUPLICATE, DropCause.EVICTED):
             return None
         return [key for op in self.ops if op.status in ("buffered", "selected")
                 and op.overlaps(decision.start_token, decision.end_token)
@@ -418,10 +422,26 @@ class ExplainObserver:
         elif op is not None and cause in (DropCause.STALE, DropCause.EVICTED,
                                           DropCause.CACHE_RESET):
             chain.append("pins: its blocks were never protected before this")
+        stored = self._stored_by(self.dropped_content) if cause is DropCause.EVICTED else []
+        if stored:
+            chain += stored
+            chain.append("what you can do: nothing: LMCache holds every chunk of it, stored by "
+                         "the request above; the ledger counts the op as evicted all the same")
+            return chain
         advice = ADVICE.get(cause.value)
         if advice:
             chain.append(f"what you can do: {advice}")
         return chain
+
+    def _stored_by(self, keys: list[int]) -> list[str]:
+        """Whose completed batches stored every one of ``keys``; empty unless
+        this replay saw all of them stored."""
+        if not keys or not all(map(self.storers.__contains__, keys)):
+            return []
+        seen = dict.fromkeys(self.storers[key] for key in keys)
+        return [f"its content was already stored: request {field(req_id)}, batch {batch_id}, "
+                f"settled at seq {seq} (step {step})"
+                for req_id, batch_id, seq, step in seen]
 
     def _block_history(self, block_id: int, op: OpStory) -> list[str]:
         """What happened to ``block_id`` between ``op``'s buffering and now."""

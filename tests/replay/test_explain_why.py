@@ -84,6 +84,31 @@ def test_a_reallocated_block_names_its_new_request(tmp_path: Path) -> None:
     assert "what you can do: drain sooner" in out
 
 
+def test_an_evicted_op_whose_content_another_request_stored_says_nothing_was_lost(
+        tmp_path: Path) -> None:
+    """``a`` and ``b`` buffered the same content on blocks of their own; ``a``'s
+    store completes, then a block of ``b``'s is reallocated: the core counts
+    ``b``'s op as evicted, and explain says whose batch holds its content and
+    that there is nothing to do (not "drain sooner")."""
+    h = Harness(ea())
+    h.arrive("a", "b")
+    for req_id, blocks in (("a", (0, 1)), ("b", (2, 3))):
+        h.hashes.update(zip(blocks, (101, 102), strict=True))
+        h.offer(req_id, blocks=blocks, hashes=(101, 102), tokens=64, blocks_per_chunk=1)
+    h.queue = [0, 1]
+    h.tick(allocated=1, next_blocks=1, requests=0)
+    h.complete("a")
+    h.tick(allocated=1, next_blocks=1, requests=0, reallocated=[(2, 999)])
+    h.shutdown()
+    record_harness(h, tmp_path)
+    code, out, err = run_cli("explain", str(tmp_path), "--request", "b")
+    assert code == 0, err
+    assert "evicted" in out
+    assert "its content was already stored: request a, batch 0" in out
+    assert "what you can do: nothing: LMCache holds every chunk of it" in out
+    assert "drain sooner" not in out
+
+
 def test_a_lookup_shield_names_the_request_and_its_allocation(tmp_path: Path) -> None:
     """``a`` finished with its blocks deep in the free queue; ``w``'s lookup
     lets vLLM allocate past them: explain says they were protected at that
