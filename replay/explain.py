@@ -22,7 +22,7 @@ pins did (``OpStory.pins``: protected at finish or at selection, the shield
 lifted on an empty step, released at settlement) and one line of what an
 operator can do (``opstory.ADVICE``). To name a duplicate's storer the
 observer remembers, for every batch it sees submitted, its content keys,
-and for every stored one its batch (at most :data:`STORERS_MAX` keys).
+and for every stored one its batch (at most :data:`replay.storers.STORERS_MAX` keys).
 
 One token step's events are ``replay.step``'s; block lists and messages
 are summarised as ``replay.brief`` prints them.
@@ -64,15 +64,15 @@ from offload_fsm.vocabulary.events import (
 from offload_fsm.vocabulary.outcome import Outcome
 from replay.brief import blocks_text
 from replay.opstory import ADVICE, DROP_WHY, OpStory, OpTracker
+from replay.storers import Storers
 from replay.text import field
 
-STORERS_MAX = 1 << 18  # content keys remembered with their storer (the core's bound)
 
 class ExplainObserver:
     """One request's story (see the module docstring). Beyond the request, it
     keeps only what a cause chain needs: the prefix-cache resets, which
     request's batch stored each chunk of content (at most
-    :data:`STORERS_MAX`, oldest forgotten first, as the core's own memory),
+    :data:`replay.storers.STORERS_MAX`, oldest forgotten first, as the core's own memory),
     and the reallocations of the request's own blocks."""
 
     def __init__(self, req_id: str, *, verbose: bool = False) -> None:
@@ -86,8 +86,7 @@ class ExplainObserver:
         self.block_users = self.tracker.block_users
         self.batches = self.tracker.batches
         self.resets: list[tuple[int, int]] = []  # (seq, step) of every PrefixCacheReset
-        self.submitted_keys: dict[int, tuple[str, tuple[int, ...]]] = {}  # batch -> content
-        self.storers: dict[int, tuple[str, int, int, int]] = {}  # key -> req, batch, seq, step
+        self.storers = Storers()  # which completed batch stored each chunk of content
         self.changes: dict[int, list[tuple[int, int, BlockHash]]] = {}  # our block -> changes
         self.read: dict[int, tuple[int, ...]] = {}  # our batch -> the block ids it re-read
         self.hashes_now: dict[int, BlockHash] = {}  # our block -> hash read at verification
@@ -163,14 +162,14 @@ class ExplainObserver:
                 self._say(seq, state, "a worker reported the store FAILED",
                           self.batches.get(batch))
         for decision in outcome.decisions:
-            self._on_any_decision(seq, decision, state)
+            self.storers.observe(seq, decision, state)
             if getattr(decision, "req_id", None) == me:
                 keys = self._dropped_keys(decision)
                 self.dropped_content = keys or []
                 self._on_decision(seq, decision, self.tracker.decided(decision, state), state)
                 if keys is not None and isinstance(decision, OpsDropped) \
                         and decision.cause is DropCause.DUPLICATE:
-                    self._name_storers(decision, keys)
+                    self._chain(decision, self.storers.duplicate_chain(keys, self.first_seq))
         for command in outcome.commands:
             if type(command) is EndSession and command.req_id == me:
                 self._say(seq, state, "LMCache session ended")
@@ -178,28 +177,6 @@ class ExplainObserver:
                 self.read[command.batch_id] = command.block_ids
 
     # -- what other requests did (for the cause chains) ---------------------
-
-    def _on_any_decision(self, seq: int, decision: object, state: State) -> None:
-        """Remember which batch stored which content (any request's)."""
-        kind = type(decision)
-        if kind is StoreSubmitted:
-            assert isinstance(decision, StoreSubmitted)
-            batch = state.batches.get(decision.batch_id)
-            if batch is not None:
-                self.submitted_keys[decision.batch_id] = (
-                    decision.req_id, tuple(k for op in batch.ops for k in op.chunk_keys))
-        elif kind is StoreSettled:
-            assert isinstance(decision, StoreSettled)
-            held = self.submitted_keys.pop(decision.batch_id, None)
-            if held is not None and not decision.failed:
-                for key in held[1]:
-                    self.storers.pop(key, None)
-                    self.storers[key] = (held[0], decision.batch_id, seq, state.step_index)
-                while len(self.storers) > STORERS_MAX:
-                    del self.storers[next(iter(self.storers))]
-        elif kind is StoreAbandoned:
-            assert isinstance(decision, StoreAbandoned)
-            self.submitted_keys.pop(decision.batch_id, None)
 
     def _dropped_keys(self, decision: object) -> list[int] | None:
         """For a duplicate or evicted drop of ours, the content keys it drops
@@ -212,28 +189,6 @@ class ExplainObserver:
         return [key for op in self.ops if op.status in ("buffered", "selected")
                 and op.overlaps(decision.start_token, decision.end_token)
                 for key in op.chunk_keys_in(decision.start_token, decision.end_token)]
-
-    def _name_storers(self, decision: OpsDropped, keys: list[int]) -> None:
-        """The chain of a duplicate: whose batch stored the content."""
-        stores: dict[tuple[str, int], tuple[int, int, int]] = {}
-        unknown = 0
-        for key in keys:
-            storer = self.storers.get(key)
-            if storer is None:
-                unknown += 1
-                continue
-            req_id, batch_id, seq, step = storer
-            count = stores.get((req_id, batch_id), (seq, step, 0))[2]
-            stores[(req_id, batch_id)] = (seq, step, count + 1)
-        chain = [f"{count} chunk(s) stored by request {field(req_id)}, batch {batch_id}: its "
-                 f"store COMPLETED (settled at seq {seq}, step {step})"
-                 for (req_id, batch_id), (seq, step, count) in stores.items()]
-        if unknown:
-            chain.append(f"{unknown} chunk(s) stored before seq {self.first_seq}, where this "
-                         "replay began (`explain --no-index` replays from event 0 and names "
-                         "the batch)" if self.first_seq > 0 else
-                         f"{unknown} chunk(s) stored by a batch this replay did not see")
-        self._chain(decision, chain)
 
     def _chain(self, decision: OpsDropped, chain: list[str]) -> None:
         for op in self.ops:
@@ -422,7 +377,8 @@ class ExplainObserver:
         elif op is not None and cause in (DropCause.STALE, DropCause.EVICTED,
                                           DropCause.CACHE_RESET):
             chain.append("pins: its blocks were never protected before this")
-        stored = self._stored_by(self.dropped_content) if cause is DropCause.EVICTED else []
+        stored = (self.storers.all_stored(self.dropped_content)
+                  if cause is DropCause.EVICTED else [])
         if stored:
             chain += stored
             chain.append("what you can do: nothing: LMCache holds every chunk of it, stored by "
@@ -432,16 +388,6 @@ class ExplainObserver:
         if advice:
             chain.append(f"what you can do: {advice}")
         return chain
-
-    def _stored_by(self, keys: list[int]) -> list[str]:
-        """Whose completed batches stored every one of ``keys``; empty unless
-        this replay saw all of them stored."""
-        if not keys or not all(map(self.storers.__contains__, keys)):
-            return []
-        seen = dict.fromkeys(self.storers[key] for key in keys)
-        return [f"its content was already stored: request {field(req_id)}, batch {batch_id}, "
-                f"settled at seq {seq} (step {step})"
-                for req_id, batch_id, seq, step in seen]
 
     def _block_history(self, block_id: int, op: OpStory) -> list[str]:
         """What happened to ``block_id`` between ``op``'s buffering and now."""
