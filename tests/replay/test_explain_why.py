@@ -28,6 +28,14 @@ def _shielded_then_lifted(directory: Path, *, record_reset: bool) -> Path:
     return record_harness(h, directory)
 
 
+def _explained(h: Harness, directory: Path, req_id: str) -> str:
+    """Shut ``h`` down, record its log under ``directory`` and explain ``req_id``."""
+    h.shutdown()
+    code, out, err = run_cli("explain", str(record_harness(h, directory)), "--request", req_id)
+    assert code == 0, err
+    return out
+
+
 CLEARED_BLOCK_STORIES = {
     "unrecorded_reset_is_a_stale_drop_behind_a_lifted_shield": (False, [
         "shield LIFTED: 4 blocks of 1 ops unpinned",
@@ -75,10 +83,7 @@ def test_a_reallocated_block_names_its_new_request(tmp_path: Path) -> None:
     h.empty_step()  # the shield lifts: nothing protects a's blocks now
     h.offer("b", blocks=blocks[:2], hashes=(77, 78))
     h.tick(allocated=2, reallocated=((blocks[0], 77), (blocks[1], 78)))
-    h.shutdown()
-    record_harness(h, tmp_path)
-    code, out, err = run_cli("explain", str(tmp_path), "--request", "a")
-    assert code == 0, err
+    out = _explained(h, tmp_path, "a")
     assert "evicted" in out
     assert "what changed it: vLLM reallocated the block to request b" in out
     assert "what you can do: drain sooner" in out
@@ -99,10 +104,7 @@ def test_an_evicted_op_whose_content_another_request_stored_says_nothing_was_los
     h.tick(allocated=1, next_blocks=1, requests=0)
     h.complete("a")
     h.tick(allocated=1, next_blocks=1, requests=0, reallocated=[(2, 999)])
-    h.shutdown()
-    record_harness(h, tmp_path)
-    code, out, err = run_cli("explain", str(tmp_path), "--request", "b")
-    assert code == 0, err
+    out = _explained(h, tmp_path, "b")
     assert "evicted" in out
     assert "its content was already stored: request a, batch 0" in out
     assert "what you can do: nothing: LMCache holds every chunk of it" in out
@@ -126,9 +128,7 @@ def test_a_lookup_shield_names_the_request_and_its_allocation(tmp_path: Path) ->
                           window_block_ids=tuple(h.queue[:14])))
     h.tick(allocated=12)
     h.complete("a")
-    h.shutdown()
-    code, out, err = run_cli("explain", str(record_harness(h, tmp_path)), "--request", "a")
-    assert code == 0, err
+    out = _explained(h, tmp_path, "a")
     assert ("shielded 1 ops (2 blocks protected at a lookup: request w's LMCache answer lets "
             "vLLM allocate 12 blocks at once, reaching 14 blocks into the free queue of 42, "
             "before any drain)") in out
