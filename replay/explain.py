@@ -13,11 +13,11 @@ per worker. It also keeps a chronological list of every line.
 Every drop gets a *cause chain* under its line (and in ``OpStory.chain``):
 for a stale or evicted drop, the block's hash when buffered and when re-read,
 and what changed it (a recorded prefix-cache reset, the request the block was
-reallocated to, or a hash cleared with nothing in the log to say why), and for
-an evicted op whose every chunk another request's completed batch had stored,
-that batch and that nothing was lost; for a
-duplicate, the request and batch whose completed store holds the content
-(or that it was stored before the replay began); for every cause, what the
+reallocated to, or a hash cleared with nothing in the log to say why), and
+for an evicted op whose every chunk another request's completed batch had
+stored, that batch and that nothing was lost; for a duplicate, the request
+and batch whose completed store holds the content (or that it was stored
+before the replay began); for every cause, what the
 pins did (``OpStory.pins``: protected at finish or at selection, the shield
 lifted on an empty step, released at settlement) and one line of what an
 operator can do (``opstory.ADVICE``). To name a duplicate's storer the

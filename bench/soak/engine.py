@@ -40,6 +40,10 @@ SAMPLE_EVERY_S = 10.0
 READY_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 120.0
 MIB = 1024 * 1024
+# vLLM's histograms of a request's times whose means each arm reports, in the report's order
+MEAN_TIMES = ("request_queue_time_seconds", "request_prefill_time_seconds",
+              "request_decode_time_seconds", "time_to_first_token_seconds",
+              "lmcache_mp_lookup_duration_seconds")
 
 
 @contextmanager
@@ -312,9 +316,7 @@ def end_state(samples: Samples, ours: bool) -> dict[str, Any]:
         "engine_steps": total(samples, "vllm:iteration_tokens_total_count"),
         "step_tokens": total(samples, "vllm:iteration_tokens_total_sum"),
     }
-    for name in ("request_queue_time_seconds", "request_prefill_time_seconds",
-                 "request_decode_time_seconds", "time_to_first_token_seconds",
-                 "lmcache_mp_lookup_duration_seconds"):
+    for name in MEAN_TIMES:
         count = total(samples, f"vllm:{name}_count")
         out[f"mean_{name}"] = total(samples, f"vllm:{name}_sum") / count if count else None
     if ours:

@@ -38,7 +38,7 @@ import math
 import statistics
 from typing import Any
 
-from bench.soak.engine import SAMPLE_EVERY_S
+from bench.soak.engine import MEAN_TIMES, SAMPLE_EVERY_S
 
 PACE_MIN_TOKENS = 8  # a request's latency per output token, for requests this long or longer
 
@@ -128,9 +128,7 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     steps = end.get("engine_steps")
     out["steps_per_request"] = steps / len(requests) if steps and requests else None
     out["tokens_per_step"] = end.get("step_tokens", 0) / steps if steps else None
-    for name in ("request_queue_time_seconds", "request_prefill_time_seconds",
-                 "request_decode_time_seconds", "time_to_first_token_seconds",
-                 "lmcache_mp_lookup_duration_seconds"):
+    for name in MEAN_TIMES:
         out[f"mean_{name}"] = end.get(f"mean_{name}")
     if result["arm"].startswith("ours"):
         out["pinned_end"] = end.get("pinned_blocks")
@@ -207,12 +205,8 @@ def report(results: list[dict[str, Any]]) -> str:
         lambda r: f"{_f(fig(r)['steps_per_request'], '{:.1f}')}, "
         f"{_f(fig(r)['tokens_per_step'], '{:.1f}')}")
     row("mean ms: queued / prefill / decode / first token / LMCache lookup",
-        lambda r: " / ".join(_f(None if fig(r)[k] is None else fig(r)[k] * 1e3, "{:.0f}")
-                             for k in ("mean_request_queue_time_seconds",
-                                       "mean_request_prefill_time_seconds",
-                                       "mean_request_decode_time_seconds",
-                                       "mean_time_to_first_token_seconds",
-                                       "mean_lmcache_mp_lookup_duration_seconds")))
+        lambda r: " / ".join(_f(None if fig(r)[f"mean_{k}"] is None
+                                else fig(r)[f"mean_{k}"] * 1e3, "{:.0f}") for k in MEAN_TIMES))
     for key, label in (("engine_rss", "engine core"), ("recorder_rss", "recorder")):
         row(f"{label} RSS MiB: first / after warm-up / end / max",
             lambda r, k=key: "-" if not fig(r)[k] else
